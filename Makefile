@@ -1,0 +1,38 @@
+# socklane build and test entry points. Run as root for anything that
+# touches the kernel (demo, test).
+GO ?= go
+BIN := bin/socklane
+
+.PHONY: help deps generate build demo test unit check-generated lint clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
+
+deps: ## install system packages (Debian; as root)
+	./scripts/install-deps.sh
+
+generate: ## regenerate BPF objects and Go bindings (bpf2go)
+	$(GO) generate ./internal/datapath/
+
+build: ## build bin/socklane
+	$(GO) build -o $(BIN) ./cmd/socklane
+
+demo: deps build ## two pods, round-trip times with and without the bypass (root)
+	./$(BIN) demo
+
+test: deps ## run the whole test suite (root; kernel tests run for real)
+	$(GO) vet ./...
+	$(GO) test -count=1 -p 1 -timeout 40m ./...
+
+unit: ## tests that need no root
+	$(GO) test -count=1 ./internal/cgroups/ ./internal/peer/
+
+check-generated: generate ## fail if committed generated files differ from a fresh build
+	git diff --exit-code -- internal/datapath/
+
+lint: ## gofmt and vet
+	test -z "$$(gofmt -l .)"
+	$(GO) vet ./...
+
+clean: ## remove build outputs
+	rm -rf bin

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/bpffs"
+	"github.com/socklane/socklane/internal/datapath"
+	"github.com/spf13/cobra"
+)
+
+// globals are the flags every command shares.
+type globals struct {
+	bpffs   string
+	name    string
+	output  string
+	verbose bool
+}
+
+func (g *globals) pinDir() string { return filepath.Join(g.bpffs, g.name) }
+
+func (g *globals) logger(w io.Writer) *slog.Logger {
+	level := slog.LevelInfo
+	if g.verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// openPinned opens the running datapath for reading or changing; it never
+// creates one.
+func (g *globals) openPinned() (*datapath.Datapath, error) {
+	if err := agent.RequireRoot(); err != nil {
+		return nil, err
+	}
+	if err := bpffs.Require(g.bpffs); err != nil {
+		return nil, err
+	}
+	if !datapath.Pinned(g.pinDir()) {
+		return nil, fmt.Errorf("socklane is not running on this node (nothing pinned at %s): start it with `socklane agent` or `socklane attach`", g.pinDir())
+	}
+	return datapath.Open(datapath.Config{PinDir: g.pinDir()})
+}
+
+func (g *globals) json() bool { return g.output == "json" }
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newRootCmd() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "socklane",
+		Short:         "eBPF socket-layer data plane: same-node TCP bypass for Kubernetes nodes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if g.output != "text" && g.output != "json" {
+				return fmt.Errorf("unknown output format %q: use -o text or -o json", g.output)
+			}
+			return nil
+		},
+	}
+	root.PersistentFlags().StringVar(&g.bpffs, "bpffs", bpffs.DefaultPath, "bpf filesystem holding the pinned datapath")
+	root.PersistentFlags().StringVar(&g.name, "name", "socklane", "name of this datapath instance (directory under --bpffs)")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "text", "output format: text or json")
+	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "debug logging")
+	root.AddCommand(
+		newAgentCmd(g),
+		newStatusCmd(g),
+		newAttachCmd(g),
+		newDetachCmd(g),
+		newConnsCmd(g),
+		newDownCmd(g),
+		newDemoCmd(g),
+		newPeerCmd(),
+	)
+	return root
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/socklane/socklane/internal/cgroups"
+	"github.com/socklane/socklane/internal/datapath"
+	"github.com/spf13/cobra"
+)
+
+type statusReport struct {
+	PinDir      string                `json:"pin_dir"`
+	Attachments []datapath.Attachment `json:"attachments"`
+	Sockets     int                   `json:"bypassed_sockets"`
+	Counters    map[string]uint64     `json:"counters"`
+}
+
+func newStatusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show attachments, bypassed sockets and datapath counters",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dp, err := g.openPinned()
+			if err != nil {
+				return err
+			}
+			defer dp.Close()
+			rep := statusReport{PinDir: dp.PinDir()}
+			if rep.Attachments, err = dp.Attachments(); err != nil {
+				return err
+			}
+			if root, err := cgroups.Root(); err == nil {
+				names := cgroupNames(root)
+				for i := range rep.Attachments {
+					rep.Attachments[i].Path = names[rep.Attachments[i].CgroupID]
+				}
+			}
+			if rep.Sockets, err = dp.Sockets(); err != nil {
+				return err
+			}
+			if rep.Counters, err = dp.Counters(); err != nil {
+				return err
+			}
+			if g.json() {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "datapath\t%s\n", rep.PinDir)
+			fmt.Fprintf(w, "bypassed sockets\t%d\n", rep.Sockets)
+			for _, a := range rep.Attachments {
+				fmt.Fprintf(w, "attached\t%s\tcgroup id %d\tlink %d\n", a.Path, a.CgroupID, a.LinkID)
+			}
+			keys := make([]string, 0, len(rep.Counters))
+			for k := range rep.Counters {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				fmt.Fprintf(w, "%s\t%d\n", k, rep.Counters[k])
+			}
+			return w.Flush()
+		},
+	}
+}
+
+// cgroupNames maps cgroup ids to paths by walking the hierarchy.
+func cgroupNames(root string) map[uint64]string {
+	out := map[uint64]string{}
+	var walk func(dir string, depth int)
+	walk = func(dir string, depth int) {
+		if id, err := cgroups.ID(dir); err == nil {
+			out[id] = dir
+		}
+		if depth > 16 {
+			return
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				walk(filepath.Join(dir, e.Name()), depth+1)
+			}
+		}
+	}
+	walk(root, 0)
+	return out
+}

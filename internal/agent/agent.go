@@ -1,0 +1,193 @@
+// Package agent runs socklane on a node: it checks the kernel, mounts
+// bpffs, loads or adopts the pinned datapath and attaches it.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/socklane/socklane/internal/bpffs"
+	"github.com/socklane/socklane/internal/cgroups"
+	"github.com/socklane/socklane/internal/datapath"
+)
+
+// Config of one node agent.
+type Config struct {
+	BPFFS   string
+	PinName string
+	// Cgroups to attach to; empty means the cgroup v2 root.
+	Cgroups      []string
+	BacklogLimit uint32
+}
+
+// PinDir is where the agent pins its datapath.
+func (c Config) PinDir() string { return filepath.Join(c.BPFFS, c.PinName) }
+
+// RequireRoot fails unless the process is root.
+func RequireRoot() error {
+	if os.Geteuid() != 0 {
+		return errors.New("socklane must run as root (it loads BPF programs and attaches them to cgroups): run it with sudo")
+	}
+	return nil
+}
+
+// Probe checks every kernel feature the datapath needs and names the first
+// one missing.
+func Probe() error {
+	checks := []struct {
+		what string
+		fn   func() error
+	}{
+		{"BPF program type sock_ops", func() error { return features.HaveProgramType(ebpf.SockOps) }},
+		{"BPF program type sk_msg", func() error { return features.HaveProgramType(ebpf.SkMsg) }},
+		{"BPF map type sockhash", func() error { return features.HaveMapType(ebpf.SockHash) }},
+		{"BPF map type sk_storage", func() error { return features.HaveMapType(ebpf.SkStorage) }},
+		{"BPF map type queue", func() error { return features.HaveMapType(ebpf.Queue) }},
+		{"helper bpf_get_netns_cookie in sock_ops (Linux 5.15+)", func() error {
+			return features.HaveProgramHelper(ebpf.SockOps, asm.FnGetNetnsCookie)
+		}},
+		{"helper bpf_sk_storage_get in sk_msg", func() error {
+			return features.HaveProgramHelper(ebpf.SkMsg, asm.FnSkStorageGet)
+		}},
+	}
+	for _, c := range checks {
+		if err := c.fn(); err != nil {
+			if errors.Is(err, ebpf.ErrNotSupported) {
+				return fmt.Errorf("kernel lacks %s: socklane needs Linux 6.1 or later with BPF sockmap support (CONFIG_BPF_STREAM_PARSER, CONFIG_CGROUP_BPF)", c.what)
+			}
+			return fmt.Errorf("probing %s: %w", c.what, err)
+		}
+	}
+	return nil
+}
+
+// Target is a cgroup to attach to, resolved and checked.
+type Target struct {
+	Path string
+	ID   uint64
+}
+
+// ResolveTargets checks every cgroup before anything is attached.
+func ResolveTargets(paths []string) ([]Target, error) {
+	root, err := cgroups.Root()
+	if err != nil {
+		return nil, err
+	}
+	if len(paths) == 0 {
+		paths = []string{root}
+	}
+	var out []Target
+	for _, p := range paths {
+		path, id, err := cgroups.Resolve(root, p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Target{Path: path, ID: id})
+	}
+	return out, nil
+}
+
+// Start prepares the node: checks, bpffs, datapath, attachments. It returns
+// the open datapath; the pinned state outlives the process.
+func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
+	if err := RequireRoot(); err != nil {
+		return nil, err
+	}
+	targets, err := ResolveTargets(cfg.Cgroups)
+	if err != nil {
+		return nil, err
+	}
+	if err := Probe(); err != nil {
+		return nil, err
+	}
+	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
+		return nil, err
+	}
+	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), BacklogLimit: cfg.BacklogLimit})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("datapath ready", "pin_dir", dp.PinDir(), "adopted", dp.Adopted())
+	for _, t := range targets {
+		a, err := dp.Attach(t.Path, t.ID)
+		if err != nil {
+			dp.Close()
+			return nil, err
+		}
+		log.Info("bypass attached", "cgroup", t.Path, "cgroup_id", t.ID, "link_id", a.LinkID)
+	}
+	return dp, nil
+}
+
+// Run starts the agent and waits for ctx. The datapath stays pinned and
+// attached when Run returns: restarting the agent resets no connection.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	dp, err := Start(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	log.Info("agent running; the datapath stays in place when the agent stops (remove it with `socklane down`)")
+	tick := time.NewTicker(30 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("agent stopping", "reason", context.Cause(ctx))
+			return nil
+		case <-tick.C:
+			if c, err := dp.Counters(); err == nil {
+				log.Info("bypass", "conns_bypassed", c["conns_bypassed"], "redirect_bytes", c["redirect_bytes"])
+			}
+		}
+	}
+}
+
+// Down removes socklane from the node. Without force it first detaches
+// (no new connection joins the bypass) and waits up to drain for bypassed
+// sockets to close, because unpinning the socket map while a socket still
+// has redirected bytes queued would drop them. It returns the number of
+// sockets still in the map when it gave up (then nothing is unpinned).
+func Down(dir string, force bool, drain time.Duration, log *slog.Logger) (int, error) {
+	if !datapath.Pinned(dir) {
+		if _, err := os.Stat(dir); err == nil {
+			// Partial state from an interrupted start.
+			return 0, os.RemoveAll(dir)
+		}
+		return 0, nil
+	}
+	dp, err := datapath.Open(datapath.Config{PinDir: dir})
+	if err != nil {
+		return 0, err
+	}
+	defer dp.Close()
+	n, err := dp.DetachAll()
+	if err != nil {
+		return 0, err
+	}
+	log.Info("detached", "attachments", n)
+	deadline := time.Now().Add(drain)
+	for !force {
+		live, err := dp.Sockets()
+		if err != nil {
+			return 0, err
+		}
+		if live == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return live, nil
+		}
+		log.Info("draining", "bypassed_sockets", live)
+		time.Sleep(200 * time.Millisecond)
+	}
+	return 0, dp.Remove()
+}

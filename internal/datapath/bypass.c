@@ -1,0 +1,511 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* socklane bypass datapath.
+ *
+ * sl_sockops puts both ends of a same-node TCP connection into sl_sockhash;
+ * sl_msg redirects each send straight into the peer socket's receive queue.
+ *
+ * One path per direction: a direction starts on the bypass only if no byte
+ * of it went through TCP, and once it leaves the bypass it never returns.
+ * The receiver (tcp_bpf_recvmsg) drains redirected bytes before TCP's queue,
+ * so "bypass first, then TCP" keeps order and "TCP, then bypass" never
+ * happens.
+ *
+ * Who decides: the accepted (server) socket joins a pending connection at
+ * PASSIVE_ESTABLISHED, after the client socket is already in the map; the
+ * client's first send commits the client direction. A client whose peer never
+ * joins (remote or unmanaged) leaves the map at its first send, so it pays no
+ * per-message cost afterwards.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+#include "sl_consts.h"
+#include "sl_structs.h"
+#include "sl_maps.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Keeps the enums in BTF so that the Go side gets their names generated. */
+struct sl_enums {
+	enum sl_counter counter;
+	enum sl_conn_state state;
+	enum sl_path path;
+	enum sl_role role;
+};
+const struct sl_enums *sl_enums_unused __attribute__((unused));
+
+/* Receiver backlog (bytes queued in the peer's socket) above which a
+ * direction moves to TCP, whose window then pushes back on the sender.
+ * 0 disables the check. Set by the loader from net.ipv4.tcp_rmem[2]. */
+const volatile __u32 backlog_limit = 6 << 20;
+
+/* Kernel types read through BTF (CO-RE); only the fields used. */
+struct sock {
+	void *sk_user_data;
+	int sk_rcvbuf;
+} __attribute__((preserve_access_index));
+
+/* Bytes redirected into a socket and not yet read. */
+struct sk_psock {
+	__u32 msg_tot_len;
+} __attribute__((preserve_access_index));
+
+/* Low bits of sk_user_data are flags (SK_USER_DATA_PTRMASK). */
+#define SL_USER_DATA_PTRMASK (~7UL)
+
+struct tcp_sock {
+	__u32 write_seq;
+} __attribute__((preserve_access_index));
+
+#define STATE_SHIFT 16
+#define GEN_SHIFT 32
+
+static __always_inline __u32 word_gen(__u64 w) { return w >> GEN_SHIFT; }
+static __always_inline __u32 word_state(__u64 w) { return (w >> STATE_SHIFT) & 0xffff; }
+static __always_inline __u32 word_members(__u64 w) { return w & 0xffff; }
+static __always_inline __u64 mkword(__u32 gen, __u32 state, __u32 members)
+{
+	return ((__u64)gen << GEN_SHIFT) | ((__u64)state << STATE_SHIFT) | members;
+}
+
+static __always_inline struct sl_counters *counters(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&sl_stats, &zero);
+}
+
+static __always_inline void count(enum sl_counter c, __u64 n)
+{
+	struct sl_counters *cnt = counters();
+	if (cnt && c < SL_C_MAX)
+		cnt->c[c] += n;
+}
+
+static __always_inline __u32 sock_id(__u32 slot, __u32 role)
+{
+	return slot << 1 | role;
+}
+
+static __always_inline int is_loopback(const __u32 ip[4])
+{
+	/* ::1 */
+	if (ip[0] == 0 && ip[1] == 0 && ip[2] == 0 && ip[3] == bpf_htonl(1))
+		return 1;
+	/* ::ffff:127.0.0.0/8 */
+	if (ip[0] == 0 && ip[1] == 0 && ip[2] == bpf_htonl(0xffff) &&
+	    (bpf_ntohl(ip[3]) >> 24) == 127)
+		return 1;
+	return 0;
+}
+
+/* Fills t with the socket's own view of its connection. Returns 0 for
+ * IPv4/IPv6 TCP sockets, -1 otherwise. */
+static __always_inline int tuple_of(struct bpf_sock_ops *skops, struct sl_tuple *t)
+{
+	__builtin_memset(t, 0, sizeof(*t));
+	if (skops->family == AF_INET) {
+		t->local_ip[2] = bpf_htonl(0xffff);
+		t->local_ip[3] = skops->local_ip4;
+		t->remote_ip[2] = bpf_htonl(0xffff);
+		t->remote_ip[3] = skops->remote_ip4;
+	} else if (skops->family == AF_INET6) {
+		t->local_ip[0] = skops->local_ip6[0];
+		t->local_ip[1] = skops->local_ip6[1];
+		t->local_ip[2] = skops->local_ip6[2];
+		t->local_ip[3] = skops->local_ip6[3];
+		t->remote_ip[0] = skops->remote_ip6[0];
+		t->remote_ip[1] = skops->remote_ip6[1];
+		t->remote_ip[2] = skops->remote_ip6[2];
+		t->remote_ip[3] = skops->remote_ip6[3];
+	} else {
+		return -1;
+	}
+	t->local_port = skops->local_port;
+	t->remote_port = bpf_ntohl(skops->remote_port);
+	if (is_loopback(t->remote_ip))
+		t->netns = bpf_get_netns_cookie(skops);
+	return 0;
+}
+
+static __always_inline void reverse(const struct sl_tuple *in, struct sl_tuple *out)
+{
+	__builtin_memset(out, 0, sizeof(*out));
+	out->local_ip[0] = in->remote_ip[0];
+	out->local_ip[1] = in->remote_ip[1];
+	out->local_ip[2] = in->remote_ip[2];
+	out->local_ip[3] = in->remote_ip[3];
+	out->remote_ip[0] = in->local_ip[0];
+	out->remote_ip[1] = in->local_ip[1];
+	out->remote_ip[2] = in->local_ip[2];
+	out->remote_ip[3] = in->local_ip[3];
+	out->local_port = in->remote_port;
+	out->remote_port = in->local_port;
+	out->netns = in->netns;
+}
+
+static __always_inline struct sl_conn *conn_of(__u32 slot)
+{
+	return bpf_map_lookup_elem(&sl_conns, &slot);
+}
+
+/* Moves the connection from PENDING to state (BYPASS or TCP), adding
+ * add_member to its members. Returns the state the connection is in after
+ * the attempt. */
+static __always_inline __u32 conn_decide(struct sl_conn *c, __u32 gen, __u32 state, __u32 add_member)
+{
+	__u64 old = c->word;
+	if (word_gen(old) != gen)
+		return SL_CONN_FREE;
+	if (word_state(old) != SL_CONN_PENDING)
+		return word_state(old);
+	__u64 new = mkword(gen, state, word_members(old) | add_member);
+	__u64 seen = __sync_val_compare_and_swap(&c->word, old, new);
+	if (seen == old)
+		return state;
+	/* Someone else moved it (members only change together with state, or
+	 * on close): report what it is now. */
+	if (word_gen(seen) != gen)
+		return SL_CONN_FREE;
+	return word_state(seen);
+}
+
+/* Drops role's membership; the last member returns the slot. */
+static __always_inline void conn_leave(struct sl_conn *c, __u32 slot, __u32 gen, __u32 role)
+{
+	__u32 bit = 1u << role;
+	for (int i = 0; i < 4; i++) {
+		__u64 old = c->word;
+		if (word_gen(old) != gen || !(word_members(old) & bit))
+			return;
+		__u32 members = word_members(old) & ~bit;
+		__u64 new = members ? mkword(gen, word_state(old), members)
+				    : mkword(gen + 1, SL_CONN_FREE, 0);
+		if (__sync_val_compare_and_swap(&c->word, old, new) == old) {
+			if (!members)
+				bpf_map_push_elem(&sl_conn_free, &slot, 0);
+			return;
+		}
+	}
+}
+
+static __always_inline void set_flags(struct bpf_sock_ops *skops, int add, int clear)
+{
+	int flags = skops->bpf_sock_ops_cb_flags;
+	int want = (flags | add) & ~clear;
+	if (want != flags)
+		bpf_sock_ops_cb_flags_set(skops, want);
+}
+
+static __always_inline void set_member_sock(struct bpf_sock *bsk, __u32 slot, __u32 role)
+{
+	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
+	if (!socks)
+		return;
+	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
+	if (role == SL_ROLE_CLIENT) {
+		socks->server = 0;
+		socks->client = sk;
+	} else {
+		socks->server = sk;
+	}
+}
+
+static __always_inline void on_active(struct bpf_sock_ops *skops)
+{
+	struct sl_tuple t;
+	struct bpf_sock *sk = skops->sk;
+	if (!sk || tuple_of(skops, &t) < 0)
+		return;
+	count(SL_C_ESTABLISHED_ACTIVE, 1);
+
+	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		count(SL_C_ERR_STORAGE, 1);
+		return;
+	}
+	__u32 slot;
+	if (bpf_map_pop_elem(&sl_conn_free, &slot)) {
+		count(SL_C_ERR_CONN_TABLE_FULL, 1);
+		return;
+	}
+	struct sl_conn *c = conn_of(slot);
+	if (!c)
+		return;
+	__u32 gen = word_gen(c->word);
+	c->client = t;
+	c->start_ns = bpf_ktime_get_ns();
+	c->msgs[0] = c->msgs[1] = 0;
+	c->bytes[0] = c->bytes[1] = 0;
+	c->tcp_msgs[0] = c->tcp_msgs[1] = 0;
+	c->tcp_bytes[0] = c->tcp_bytes[1] = 0;
+	c->path[0] = c->path[1] = SL_PATH_UNDECIDED;
+	c->reason[0] = c->reason[1] = 0;
+	c->word = mkword(gen, SL_CONN_PENDING, 1u << SL_ROLE_CLIENT);
+	set_member_sock(sk, slot, SL_ROLE_CLIENT);
+
+	st->self_id = sock_id(slot, SL_ROLE_CLIENT);
+	st->peer_id = sock_id(slot, SL_ROLE_SERVER);
+	st->slot = slot;
+	st->gen = gen;
+	st->role = SL_ROLE_CLIENT;
+	st->path = SL_PATH_UNDECIDED;
+	st->base_seq = skops->snd_nxt;
+	st->evict = 0;
+	st->in_map = 0;
+
+	/* The client must be in the map before it is findable: the server
+	 * redirects to it as soon as it joins. */
+	if (bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST)) {
+		count(SL_C_ERR_SOCKHASH, 1);
+		st->path = SL_PATH_TCP;
+		c->path[0] = c->path[1] = SL_PATH_TCP;
+		c->word = mkword(gen, SL_CONN_TCP, 1u << SL_ROLE_CLIENT);
+		set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, 0);
+		return;
+	}
+	st->in_map = 1;
+	struct sl_conn_ref ref = {.slot = slot, .gen = gen};
+	if (bpf_map_update_elem(&sl_conn_index, &t, &ref, BPF_ANY)) {
+		count(SL_C_ERR_INDEX, 1);
+		c->word = mkword(gen, SL_CONN_TCP, 1u << SL_ROLE_CLIENT);
+	}
+	/* STATE_CB: release on close. WRITE_HDR_OPT: a sock_ops callback on the
+	 * first transmit, where a client that stays on TCP leaves the map
+	 * (sk_msg programs cannot delete from a sockhash). */
+	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
+}
+
+static __always_inline void on_passive(struct bpf_sock_ops *skops)
+{
+	struct sl_tuple self, client;
+	struct bpf_sock *sk = skops->sk;
+	if (!sk || tuple_of(skops, &self) < 0)
+		return;
+	count(SL_C_ESTABLISHED_PASSIVE, 1);
+	reverse(&self, &client);
+
+	struct sl_conn_ref *ref = bpf_map_lookup_elem(&sl_conn_index, &client);
+	if (!ref)
+		return; /* the client is not a managed socket of this node */
+	__u32 slot = ref->slot, gen = ref->gen;
+	struct sl_conn *c = conn_of(slot);
+	if (!c)
+		return;
+	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		count(SL_C_ERR_STORAGE, 1);
+		conn_decide(c, gen, SL_CONN_TCP, 0);
+		return;
+	}
+	st->self_id = sock_id(slot, SL_ROLE_SERVER);
+	st->peer_id = sock_id(slot, SL_ROLE_CLIENT);
+	st->slot = slot;
+	st->gen = gen;
+	st->role = SL_ROLE_SERVER;
+	st->path = SL_PATH_TCP;
+	st->evict = 0;
+	st->in_map = 0;
+
+	if (bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST)) {
+		count(SL_C_ERR_SOCKHASH, 1);
+		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP)
+			count(SL_C_CONNS_TCP, 1);
+		return;
+	}
+	__u32 state = conn_decide(c, gen, SL_CONN_BYPASS, 1u << SL_ROLE_SERVER);
+	if (state != SL_CONN_BYPASS) {
+		/* The client already went to TCP: nobody redirected to us, so
+		 * leaving the map loses nothing. */
+		bpf_map_delete_elem(&sl_sockhash, &st->self_id);
+		return;
+	}
+	st->in_map = 1;
+	st->path = SL_PATH_BYPASS;
+	set_member_sock(sk, slot, SL_ROLE_SERVER);
+	c->path[SL_ROLE_SERVER] = SL_PATH_BYPASS;
+	count(SL_C_CONNS_BYPASSED, 1);
+	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, 0);
+}
+
+static __always_inline void on_close(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, 0);
+	if (!st || st->slot == SL_NO_SLOT)
+		return;
+	struct sl_conn *c = conn_of(st->slot);
+	if (c) {
+		if (st->role == SL_ROLE_CLIENT) {
+			struct sl_conn_ref *ref = bpf_map_lookup_elem(&sl_conn_index, &c->client);
+			if (ref && ref->slot == st->slot && ref->gen == st->gen)
+				bpf_map_delete_elem(&sl_conn_index, &c->client);
+		}
+		if (word_gen(c->word) == st->gen) {
+			struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &st->slot);
+			if (socks && st->role == SL_ROLE_CLIENT)
+				socks->client = 0;
+			else if (socks)
+				socks->server = 0;
+		}
+		conn_leave(c, st->slot, st->gen, st->role);
+	}
+	st->slot = SL_NO_SLOT;
+	count(SL_C_CLOSED, 1);
+}
+
+static __always_inline void on_transmit(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, 0);
+	if (!st) {
+		set_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		return;
+	}
+	if (st->evict) {
+		st->evict = 0;
+		if (st->in_map && !bpf_map_delete_elem(&sl_sockhash, &st->self_id))
+			count(SL_C_EVICTIONS, 1);
+		st->in_map = 0;
+	}
+	if (st->path != SL_PATH_UNDECIDED)
+		set_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+}
+
+SEC("sockops")
+int sl_sockops(struct bpf_sock_ops *skops)
+{
+	switch (skops->op) {
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		on_active(skops);
+		break;
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		on_passive(skops);
+		break;
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
+		on_transmit(skops);
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		if (skops->args[1] == BPF_TCP_CLOSE)
+			on_close(skops);
+		break;
+	}
+	return 1;
+}
+
+/* The client's first send commits its direction. */
+static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c)
+{
+	__u32 state = conn_decide(c, st->gen, SL_CONN_TCP, 0);
+	if (state == SL_CONN_BYPASS) {
+		/* Bytes written before the socket entered the map (a send
+		 * that was already waiting for the handshake, TCP Fast Open)
+		 * went through TCP: this direction stays there. */
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
+		if (tp && tp->write_seq != st->base_seq) {
+			st->path = SL_PATH_TCP;
+			c->path[SL_ROLE_CLIENT] = SL_PATH_TCP;
+			c->reason[SL_ROLE_CLIENT] = SL_C_FALLBACK_EARLY_DATA;
+			count(SL_C_FALLBACK_EARLY_DATA, 1);
+			return;
+		}
+		st->path = SL_PATH_BYPASS;
+		c->path[SL_ROLE_CLIENT] = SL_PATH_BYPASS;
+		return;
+	}
+	/* The server did not join (remote, unmanaged, or not yet accepted):
+	 * the whole connection stays on TCP and the client leaves the map at
+	 * its next transmit. Nobody ever redirected to it. */
+	if (state == SL_CONN_TCP) {
+		count(SL_C_CONNS_TCP, 1);
+		count(SL_C_FALLBACK_PEER_NOT_READY, 1);
+		c->reason[SL_ROLE_CLIENT] = SL_C_FALLBACK_PEER_NOT_READY;
+	}
+	st->path = SL_PATH_TCP;
+	st->evict = 1;
+	c->path[0] = c->path[1] = SL_PATH_TCP;
+}
+
+/* Whether the peer's receive queue is over the backlog limit: the kernel
+ * charges redirected bytes to the receiver but never compares them with its
+ * buffer, so without this a slow reader grows without bound. */
+static __always_inline int peer_backlogged(__u32 slot, __u32 peer_role)
+{
+	if (!backlog_limit)
+		return 0;
+	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
+	if (!socks)
+		return 0;
+	/* Two loads at constant offsets: the verifier refuses a kptr load at
+	 * a computed one. */
+	struct sock *peer;
+	if (peer_role == SL_ROLE_CLIENT) {
+		peer = socks->client;
+		asm volatile("" ::: "memory");
+	} else {
+		peer = socks->server;
+	}
+	if (!peer)
+		return 0;
+	unsigned long ud = (unsigned long)peer->sk_user_data & SL_USER_DATA_PTRMASK;
+	if (!ud)
+		return 0;
+	__u32 queued = 0;
+	bpf_core_read(&queued, sizeof(queued), &((struct sk_psock *)ud)->msg_tot_len);
+	int limit = peer->sk_rcvbuf;
+	if (limit < (int)backlog_limit)
+		limit = backlog_limit;
+	return queued > (__u32)limit;
+}
+
+SEC("sk_msg")
+int sl_msg(struct sk_msg_md *msg)
+{
+	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, msg->sk, 0, 0);
+	if (!st)
+		return SK_PASS;
+	__u32 len = msg->size;
+	struct sl_conn *c = conn_of(st->slot);
+	if (!c)
+		return SK_PASS;
+	__u32 dir = st->role & 1;
+
+	if (st->path == SL_PATH_UNDECIDED)
+		decide_client(msg, st, c);
+
+	if (st->path == SL_PATH_BYPASS) {
+		__u8 reason = SL_C_FALLBACK_BACKLOG;
+		if (!peer_backlogged(st->slot, dir ^ 1)) {
+			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
+				c->msgs[dir]++;
+				c->bytes[dir] += len;
+				struct sl_counters *cnt = counters();
+				if (cnt) {
+					cnt->c[SL_C_REDIRECT_MSGS]++;
+					cnt->c[SL_C_REDIRECT_BYTES] += len;
+				}
+				return SK_PASS;
+			}
+			reason = SL_C_FALLBACK_PEER_GONE;
+		}
+		/* One-way switch to TCP: never a miss returned as SK_DROP. */
+		st->path = SL_PATH_TCP;
+		c->path[dir] = SL_PATH_TCP;
+		c->reason[dir] = reason;
+		count(reason, 1);
+	}
+	c->tcp_msgs[dir]++;
+	c->tcp_bytes[dir] += len;
+	struct sl_counters *cnt = counters();
+	if (cnt) {
+		cnt->c[SL_C_PASS_MSGS]++;
+		cnt->c[SL_C_PASS_BYTES] += len;
+	}
+	return SK_PASS;
+}

@@ -1,0 +1,338 @@
+// Package datapath loads, pins, attaches and reads the bypass datapath:
+// the sl_sockops program on cgroups, the sl_msg program on sl_sockhash, and
+// the maps they share.
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// Names of the pinned programs; maps are pinned under their own names.
+const (
+	progPinSockops = "prog_sl_sockops"
+	progPinMsg     = "prog_sl_msg"
+	linkPinPrefix  = "link_sockops_"
+)
+
+// Config says where the datapath lives and how it behaves.
+type Config struct {
+	// PinDir is the directory on a bpf filesystem holding every pinned
+	// object of this datapath instance.
+	PinDir string
+	// BacklogLimit is the receiver backlog in bytes above which a
+	// direction moves to TCP. 0 picks net.ipv4.tcp_rmem's maximum.
+	BacklogLimit uint32
+}
+
+// Datapath is a loaded (fresh or adopted) bypass datapath.
+type Datapath struct {
+	cfg     Config
+	objs    bypassObjects
+	adopted bool
+}
+
+// Pinned reports whether a datapath is pinned in dir.
+func Pinned(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, progPinMsg))
+	return err == nil
+}
+
+// Open adopts the datapath pinned in cfg.PinDir, or loads and pins a new one.
+// Adopting never touches live sockets: maps, programs and attachments stay as
+// they are.
+func Open(cfg Config) (*Datapath, error) {
+	if cfg.PinDir == "" {
+		return nil, errors.New("datapath: empty pin directory")
+	}
+	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating pin directory: %w", err)
+	}
+	if Pinned(cfg.PinDir) {
+		return adopt(cfg)
+	}
+	return create(cfg)
+}
+
+func loadSpec(cfg Config) (*ebpf.CollectionSpec, error) {
+	spec, err := loadBypass()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
+	}
+	for _, m := range spec.Maps {
+		if strings.HasPrefix(m.Name, "sl_") {
+			m.Pinning = ebpf.PinByName
+		}
+	}
+	limit := cfg.BacklogLimit
+	if limit == 0 {
+		limit = tcpRmemMax()
+	}
+	if err := spec.Variables["backlog_limit"].Set(limit); err != nil {
+		return nil, fmt.Errorf("setting backlog_limit: %w", err)
+	}
+	return spec, nil
+}
+
+func create(cfg Config) (*Datapath, error) {
+	spec, err := loadSpec(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d := &Datapath{cfg: cfg}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
+	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("loading datapath (verifier rejected it, the kernel lacks a needed feature): %+v", ve)
+		}
+		return nil, fmt.Errorf("loading datapath: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.unpinAll()
+			d.Close()
+		}
+	}()
+	if err := d.fillFreeSlots(); err != nil {
+		return nil, err
+	}
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+		Target:  d.objs.SlSockhash.FD(),
+		Program: d.objs.SlMsg,
+		Attach:  ebpf.AttachSkMsgVerdict,
+	}); err != nil {
+		return nil, fmt.Errorf("attaching sk_msg to sl_sockhash: %w", err)
+	}
+	if err := d.objs.SlSockops.Pin(filepath.Join(cfg.PinDir, progPinSockops)); err != nil {
+		return nil, fmt.Errorf("pinning sl_sockops: %w", err)
+	}
+	// Pinned last: its presence marks a complete datapath.
+	if err := d.objs.SlMsg.Pin(filepath.Join(cfg.PinDir, progPinMsg)); err != nil {
+		return nil, fmt.Errorf("pinning sl_msg: %w", err)
+	}
+	ok = true
+	return d, nil
+}
+
+func adopt(cfg Config) (*Datapath, error) {
+	spec, err := loadSpec(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d := &Datapath{cfg: cfg, adopted: true}
+	// Maps are reused from their pins by LoadAndAssign; programs are the
+	// pinned ones, so live sockets and attachments keep what they run.
+	mapsOnly := struct{ bypassMaps }{}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
+	if err := spec.LoadAndAssign(&mapsOnly, opts); err != nil {
+		return nil, fmt.Errorf("adopting pinned maps in %s (incompatible or damaged: run `socklane down --force`): %w", cfg.PinDir, err)
+	}
+	d.objs.bypassMaps = mapsOnly.bypassMaps
+	if d.objs.SlSockops, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinSockops), nil); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("adopting pinned sl_sockops: %w", err)
+	}
+	if d.objs.SlMsg, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinMsg), nil); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("adopting pinned sl_msg: %w", err)
+	}
+	return d, nil
+}
+
+func (d *Datapath) fillFreeSlots() error {
+	n := d.objs.SlConns.MaxEntries()
+	for i := uint32(0); i < n; i++ {
+		if err := d.objs.SlConnFree.Update(nil, i, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("filling free connection slots: %w", err)
+		}
+	}
+	return nil
+}
+
+// Adopted reports whether Open found the datapath already pinned.
+func (d *Datapath) Adopted() bool { return d.adopted }
+
+// PinDir is the directory of the pinned objects.
+func (d *Datapath) PinDir() string { return d.cfg.PinDir }
+
+// Close releases this process's handles; pinned objects stay.
+func (d *Datapath) Close() error {
+	return d.objs.Close()
+}
+
+// Attachment is the sl_sockops program attached to one cgroup.
+type Attachment struct {
+	CgroupID uint64 `json:"cgroup_id"`
+	Path     string `json:"cgroup_path,omitempty"`
+	LinkID   uint32 `json:"link_id"`
+}
+
+func (d *Datapath) linkPin(cgroupID uint64) string {
+	return filepath.Join(d.cfg.PinDir, linkPinPrefix+strconv.FormatUint(cgroupID, 10))
+}
+
+// Attach attaches sl_sockops to the cgroup at path (a cgroup v2 directory)
+// with a pinned link, which the kernel treats as a multi attachment: other
+// programs on that cgroup or its children keep running. Attaching twice to the
+// same cgroup is a no-op.
+func (d *Datapath) Attach(path string, cgroupID uint64) (*Attachment, error) {
+	pin := d.linkPin(cgroupID)
+	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+		defer l.Close()
+		info, _ := l.Info()
+		a := &Attachment{CgroupID: cgroupID, Path: path}
+		if info != nil {
+			a.LinkID = uint32(info.ID)
+		}
+		return a, nil
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.SlSockops})
+	if err != nil {
+		return nil, fmt.Errorf("attaching sock_ops to %s: %w", path, err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		return nil, fmt.Errorf("pinning sock_ops link for %s: %w", path, err)
+	}
+	a := &Attachment{CgroupID: cgroupID, Path: path}
+	if info, err := l.Info(); err == nil {
+		a.LinkID = uint32(info.ID)
+	}
+	return a, nil
+}
+
+// Detach removes this datapath's attachment from one cgroup. Only socklane's
+// own link is touched. Returns false if there was none.
+func (d *Datapath) Detach(cgroupID uint64) (bool, error) {
+	return detachPin(d.linkPin(cgroupID))
+}
+
+func detachPin(pin string) (bool, error) {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("loading pinned link %s: %w", pin, err)
+	}
+	defer l.Close()
+	if err := l.Unpin(); err != nil {
+		return false, fmt.Errorf("unpinning %s: %w", pin, err)
+	}
+	return true, nil
+}
+
+// Attachments lists the cgroups this datapath is attached to.
+func (d *Datapath) Attachments() ([]Attachment, error) {
+	entries, err := os.ReadDir(d.cfg.PinDir)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", d.cfg.PinDir, err)
+	}
+	var out []Attachment
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, linkPinPrefix) {
+			continue
+		}
+		id, err := strconv.ParseUint(strings.TrimPrefix(name, linkPinPrefix), 10, 64)
+		if err != nil {
+			continue
+		}
+		a := Attachment{CgroupID: id}
+		if l, err := link.LoadPinnedLink(filepath.Join(d.cfg.PinDir, name), nil); err == nil {
+			if info, err := l.Info(); err == nil {
+				a.LinkID = uint32(info.ID)
+			}
+			l.Close()
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// DetachAll removes every attachment of this datapath: no new connection
+// joins the bypass; live ones keep it.
+func (d *Datapath) DetachAll() (int, error) {
+	as, err := d.Attachments()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, a := range as {
+		ok, err := d.Detach(a.CgroupID)
+		if err != nil {
+			return n, err
+		}
+		if ok {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Sockets counts the sockets currently in sl_sockhash.
+func (d *Datapath) Sockets() (int, error) {
+	var key, next uint32
+	n := 0
+	k := any(nil)
+	for {
+		err := d.objs.SlSockhash.NextKey(k, &next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("iterating sl_sockhash: %w", err)
+		}
+		n++
+		key = next
+		k = &key
+		if n > int(d.objs.SlSockhash.MaxEntries()) {
+			return n, nil
+		}
+	}
+}
+
+// Remove unpins every object of the datapath. Live bypassed sockets lose
+// the bypass when the last handle goes: bytes they had queued but not yet
+// read are dropped by the kernel. Callers drain first unless forced.
+func (d *Datapath) Remove() error {
+	if _, err := d.DetachAll(); err != nil {
+		return err
+	}
+	d.unpinAll()
+	return os.RemoveAll(d.cfg.PinDir)
+}
+
+func (d *Datapath) unpinAll() {
+	for _, m := range []*ebpf.Map{d.objs.SlSockhash, d.objs.SlSkState, d.objs.SlConns, d.objs.SlConnSocks,
+		d.objs.SlConnFree, d.objs.SlConnIndex, d.objs.SlStats} {
+		if m != nil {
+			_ = m.Unpin()
+		}
+	}
+	_ = os.Remove(filepath.Join(d.cfg.PinDir, progPinSockops))
+	_ = os.Remove(filepath.Join(d.cfg.PinDir, progPinMsg))
+}
+
+// tcpRmemMax is TCP's largest receive buffer, the default backlog limit.
+func tcpRmemMax() uint32 {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_rmem")
+	if err == nil {
+		f := strings.Fields(string(b))
+		if len(f) == 3 {
+			if v, err := strconv.ParseUint(f[2], 10, 32); err == nil && v > 0 {
+				return uint32(v)
+			}
+		}
+	}
+	return 6 << 20
+}

@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: constants shared by every datapath program. */
+#ifndef SL_CONSTS_H
+#define SL_CONSTS_H
+
+#define SL_MAX_CONNS 65536 /* connection slots (each holds two sockets) */
+#define SL_MAX_SOCKS (2 * SL_MAX_CONNS)
+
+#define AF_INET 2
+#define AF_INET6 10
+
+/* Per-CPU counters. The Go side reads the names from BTF, so a counter is
+ * defined here and nowhere else. */
+enum sl_counter {
+	SL_C_ESTABLISHED_ACTIVE = 0, /* managed client sockets established */
+	SL_C_ESTABLISHED_PASSIVE,    /* managed server sockets established */
+	SL_C_CONNS_BYPASSED,         /* connections whose both ends joined the bypass */
+	SL_C_CONNS_TCP,              /* local-candidate connections left on TCP */
+	SL_C_REDIRECT_MSGS,          /* messages moved socket to socket */
+	SL_C_REDIRECT_BYTES,
+	SL_C_PASS_MSGS,              /* messages of managed sockets left to TCP */
+	SL_C_PASS_BYTES,
+	SL_C_FALLBACK_PEER_NOT_READY, /* client sent before its peer joined */
+	SL_C_FALLBACK_EARLY_DATA,     /* bytes went through TCP before the decision */
+	SL_C_FALLBACK_BACKLOG,        /* receiver's backlog over the limit */
+	SL_C_FALLBACK_PEER_GONE,      /* redirect target left the map */
+	SL_C_FALLBACK_PEER_CLOSING,   /* peer half-closed: direction moved to TCP */
+	SL_C_EVICTIONS,               /* sockets removed from the map (remote peer) */
+	SL_C_CLOSED,                  /* managed sockets closed */
+	SL_C_ERR_SOCKHASH,            /* socket could not be added to the map */
+	SL_C_ERR_CONN_TABLE_FULL,     /* no free connection slot */
+	SL_C_ERR_INDEX,               /* connection index update failed */
+	SL_C_ERR_STORAGE,             /* socket storage unavailable */
+	SL_C_MAX,
+};
+
+/* Connection state, packed with generation and membership in one 64-bit word
+ * (see sl_structs.h) so that every transition is one compare-and-swap. */
+enum sl_conn_state {
+	SL_CONN_FREE = 0,
+	SL_CONN_PENDING = 1, /* client joined, server not yet */
+	SL_CONN_BYPASS = 2,  /* both ends joined: bypass decided */
+	SL_CONN_TCP = 3,     /* decided: the connection stays on TCP */
+};
+
+/* Which path one direction of a connection uses. Only ever moves
+ * UNDECIDED -> BYPASS -> TCP or UNDECIDED -> TCP: a direction that left the
+ * bypass never comes back, which is what keeps bytes in order (the receiver
+ * drains redirected bytes before it reads TCP's queue). */
+enum sl_path {
+	SL_PATH_UNDECIDED = 0,
+	SL_PATH_BYPASS = 1,
+	SL_PATH_TCP = 2,
+};
+
+enum sl_role {
+	SL_ROLE_CLIENT = 0,
+	SL_ROLE_SERVER = 1,
+};
+
+#define SL_NO_SLOT 0xffffffffu
+
+#endif

@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: maps of the bypass datapath. */
+#ifndef SL_MAPS_H
+#define SL_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "sl_consts.h"
+#include "sl_structs.h"
+
+/* Managed sockets, keyed by socket id (slot << 1 | role). A compact key keeps
+ * the per-message redirect lookup cheap; endpoint matching happens once per
+ * connection in sl_conn_index. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, SL_MAX_SOCKS);
+	__type(key, __u32);
+	__type(value, __u64);
+} sl_sockhash SEC(".maps");
+
+/* Per-socket state. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sl_sock);
+} sl_sk_state SEC(".maps");
+
+/* Connection table: the source of `socklane conns`. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SL_MAX_CONNS);
+	__type(key, __u32);
+	__type(value, struct sl_conn);
+} sl_conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SL_MAX_CONNS);
+	__type(key, __u32);
+	__type(value, struct sl_conn_socks);
+} sl_conn_socks SEC(".maps");
+
+/* Free connection slots, filled by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, SL_MAX_CONNS);
+	__type(value, __u32);
+} sl_conn_free SEC(".maps");
+
+/* Client tuple -> slot: how an accepted socket finds its local peer. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_CONNS);
+	__type(key, struct sl_tuple);
+	__type(value, struct sl_conn_ref);
+} sl_conn_index SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sl_counters);
+} sl_stats SEC(".maps");
+
+#endif

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: data structures shared by the datapath and (through BTF) Go. */
+#ifndef SL_STRUCTS_H
+#define SL_STRUCTS_H
+
+#include <linux/types.h>
+
+/* A pointer to a kernel socket kept in a map without a reference: reads go
+ * through fault-handling loads, and the owner clears it when it closes. */
+#define __kptr_untrusted __attribute__((btf_type_tag("kptr_untrusted")))
+struct sock;
+
+/* A TCP endpoint pair as seen from one socket. Addresses are IPv6 or
+ * IPv4-mapped IPv6 (network order), ports host order. netns is the network
+ * namespace cookie when the peer is a loopback address, 0 otherwise: pod
+ * addresses are unique on a node, loopback addresses are not. */
+struct sl_tuple {
+	__u32 local_ip[4];
+	__u32 remote_ip[4];
+	__u64 netns;
+	__u16 local_port;
+	__u16 remote_port;
+	__u32 pad;
+};
+
+/* Where a client's connection lives in sl_conns. */
+struct sl_conn_ref {
+	__u32 slot;
+	__u32 gen;
+};
+
+/* One connection between two managed sockets (or a candidate for one).
+ * Direction 0 is client -> server, 1 is server -> client; each direction is
+ * written only by its sender, under that socket's lock. */
+struct sl_conn {
+	struct sl_tuple client;   /* the client socket's own view */
+	__u64 word;               /* gen << 32 | state << 16 | members (bit per role) */
+	__u64 start_ns;           /* CLOCK_MONOTONIC at establishment */
+	__u64 msgs[2];            /* messages redirected, per direction */
+	__u64 bytes[2];           /* bytes redirected, per direction */
+	__u64 tcp_msgs[2];        /* messages that went through TCP, per direction */
+	__u64 tcp_bytes[2];
+	__u8 path[2];             /* enum sl_path per direction */
+	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
+	__u32 pad;
+};
+
+/* The member sockets of a connection slot, for reading the receiver's queue.
+ * Kernel-only (userspace reads zeros), so it has no Go type. */
+struct sl_conn_socks {
+	struct sock __kptr_untrusted *client;
+	struct sock __kptr_untrusted *server;
+};
+
+/* Per-socket state in socket storage. */
+struct sl_sock {
+	__u32 self_id;   /* this socket's key in sl_sockhash */
+	__u32 peer_id;   /* the peer socket's key in sl_sockhash */
+	__u32 slot;      /* index into sl_conns */
+	__u32 gen;       /* generation of that slot when joined */
+	__u32 base_seq;  /* write_seq at establishment: detects bytes sent around sk_msg */
+	__u8 role;       /* enum sl_role */
+	__u8 path;       /* enum sl_path for this socket's sends */
+	__u8 evict;      /* leave sl_sockhash at the next sock_ops callback */
+	__u8 in_map;
+};
+
+/* Per-CPU counter block. */
+struct sl_counters {
+	__u64 c[SL_C_MAX];
+};
+
+#endif

@@ -1,0 +1,172 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
+)
+
+// CounterNames returns the datapath's counter names, indexed by enum
+// sl_counter, read from the object's BTF (the C enum is the only definition).
+func CounterNames() ([]string, error) {
+	spec, err := loadBypass()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
+	}
+	var e *btf.Enum
+	if err := spec.Types.TypeByName("sl_counter", &e); err != nil {
+		return nil, fmt.Errorf("finding enum sl_counter: %w", err)
+	}
+	names := make([]string, len(bypassSlCounters{}.C))
+	for _, v := range e.Values {
+		if v.Value < uint64(len(names)) {
+			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "SL_C_"))
+		}
+	}
+	return names, nil
+}
+
+// Counters sums the per-CPU counters. Keys are CounterNames.
+func (d *Datapath) Counters() (map[string]uint64, error) {
+	names, err := CounterNames()
+	if err != nil {
+		return nil, err
+	}
+	var perCPU []bypassSlCounters
+	if err := d.objs.SlStats.Lookup(uint32(0), &perCPU); err != nil {
+		return nil, fmt.Errorf("reading sl_stats: %w", err)
+	}
+	out := make(map[string]uint64, len(names))
+	for _, n := range names {
+		if n != "" {
+			out[n] = 0
+		}
+	}
+	for _, c := range perCPU {
+		for i, v := range c.C {
+			if names[i] != "" {
+				out[names[i]] += v
+			}
+		}
+	}
+	return out, nil
+}
+
+// Direction is one direction of a connection.
+type Direction struct {
+	Path     string `json:"path"`
+	Msgs     uint64 `json:"msgs"`
+	Bytes    uint64 `json:"bytes"`
+	TCPMsgs  uint64 `json:"tcp_msgs"`
+	TCPBytes uint64 `json:"tcp_bytes"`
+	Fallback string `json:"fallback,omitempty"`
+}
+
+// Conn is one row of the connection table.
+type Conn struct {
+	Slot    uint32         `json:"slot"`
+	State   string         `json:"state"`
+	Client  netip.AddrPort `json:"client"`
+	Server  netip.AddrPort `json:"server"`
+	NetNS   uint64         `json:"netns_cookie,omitempty"`
+	Age     time.Duration  `json:"age_ns"`
+	Members []string       `json:"members"`
+	// ClientToServer and ServerToClient are the two directions.
+	ClientToServer Direction `json:"client_to_server"`
+	ServerToClient Direction `json:"server_to_client"`
+}
+
+var stateNames = map[uint32]string{
+	uint32(bypassSlConnStateSL_CONN_FREE):    "free",
+	uint32(bypassSlConnStateSL_CONN_PENDING): "pending",
+	uint32(bypassSlConnStateSL_CONN_BYPASS):  "bypass",
+	uint32(bypassSlConnStateSL_CONN_TCP):     "tcp",
+}
+
+var pathNames = map[uint8]string{
+	uint8(bypassSlPathSL_PATH_UNDECIDED): "undecided",
+	uint8(bypassSlPathSL_PATH_BYPASS):    "bypass",
+	uint8(bypassSlPathSL_PATH_TCP):       "tcp",
+}
+
+func addrOf(w [4]uint32) netip.Addr {
+	var b [16]byte
+	for i, v := range w {
+		// Words hold network-order bytes as loaded on a little-endian CPU.
+		b[4*i] = byte(v)
+		b[4*i+1] = byte(v >> 8)
+		b[4*i+2] = byte(v >> 16)
+		b[4*i+3] = byte(v >> 24)
+	}
+	return netip.AddrFrom16(b).Unmap()
+}
+
+// Conns reads the connection table: every connection with both ends, or one
+// end waiting, managed by this datapath.
+func (d *Datapath) Conns() ([]Conn, error) {
+	names, err := CounterNames()
+	if err != nil {
+		return nil, err
+	}
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+		return nil, fmt.Errorf("reading the monotonic clock: %w", err)
+	}
+	nowNs := uint64(now.Nano())
+	n := int(d.objs.SlConns.MaxEntries())
+	keys := make([]uint32, 4096)
+	vals := make([]bypassSlConn, 4096)
+	var out []Conn
+	var cursor ebpf.MapBatchCursor
+	for done := 0; done < n; {
+		cnt, err := d.objs.SlConns.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < cnt; i++ {
+			c := vals[i]
+			state := uint32(c.Word>>16) & 0xffff
+			members := uint32(c.Word) & 0xffff
+			if state == uint32(bypassSlConnStateSL_CONN_FREE) || members == 0 {
+				continue
+			}
+			row := Conn{
+				Slot:   keys[i],
+				State:  stateNames[state],
+				Client: netip.AddrPortFrom(addrOf(c.Client.LocalIp), c.Client.LocalPort),
+				Server: netip.AddrPortFrom(addrOf(c.Client.RemoteIp), c.Client.RemotePort),
+				NetNS:  c.Client.Netns,
+			}
+			if nowNs > c.StartNs {
+				row.Age = time.Duration(nowNs - c.StartNs)
+			}
+			if members&1 != 0 {
+				row.Members = append(row.Members, "client")
+			}
+			if members&2 != 0 {
+				row.Members = append(row.Members, "server")
+			}
+			dirs := [2]*Direction{&row.ClientToServer, &row.ServerToClient}
+			for j, dd := range dirs {
+				dd.Path = pathNames[c.Path[j]]
+				dd.Msgs, dd.Bytes = c.Msgs[j], c.Bytes[j]
+				dd.TCPMsgs, dd.TCPBytes = c.TcpMsgs[j], c.TcpBytes[j]
+				if r := int(c.Reason[j]); r > 0 && r < len(names) {
+					dd.Fallback = names[r]
+				}
+			}
+			out = append(out, row)
+		}
+		done += cnt
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading sl_conns: %w", err)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// TestBadInput: each bad input gets a clear error naming the fix, a
+// non-zero exit, and leaves nothing attached or pinned.
+func TestBadInput(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Binary(t)
+	notBPF := t.TempDir()
+	tests := []struct {
+		name string
+		cmd  func() *exec.Cmd
+		want string
+	}{
+		{"missing cgroup", func() *exec.Cmd {
+			return exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/sys/fs/cgroup/unified/does-not-exist-sl")
+		}, "give an existing cgroup v2 directory"},
+		{"missing pid", func() *exec.Cmd { return exec.Command(bin, "--name", "slbad", "attach", "--pid", "999999999") }, "process 999999999 does not exist"},
+		{"no target", func() *exec.Cmd { return exec.Command(bin, "--name", "slbad", "attach") }, "exactly one of --cgroup"},
+		{"no bpffs", func() *exec.Cmd { return exec.Command(bin, "--bpffs", notBPF, "status") }, "no bpf filesystem at"},
+		{"not running", func() *exec.Cmd { return exec.Command(bin, "--name", "slbad-none", "status") }, "socklane is not running"},
+		{"bad output", func() *exec.Cmd { return exec.Command(bin, "-o", "yaml", "status") }, "unknown output format"},
+		{"not root", func() *exec.Cmd {
+			c := exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/")
+			c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			return c
+		}, "must run as root"},
+		{"no cgroup2", func() *exec.Cmd {
+			// A private mount namespace without the cgroup v2 mount.
+			return exec.Command("unshare", "-m", "sh", "-c",
+				"for m in $(awk '$3==\"cgroup2\"{print $2}' /proc/mounts); do umount -l $m; done; exec "+bin+" --name slbad agent")
+		}, "no cgroup v2 filesystem is mounted"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := tt.cmd().CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("want a non-zero exit, got %v: %s", err, out)
+			}
+			if !strings.Contains(string(out), tt.want) {
+				t.Fatalf("error %q does not say %q", out, tt.want)
+			}
+			for _, name := range []string{"slbad", "slbad-none"} {
+				if _, err := os.Stat(filepath.Join("/sys/fs/bpf", name, "prog_sl_msg")); err == nil {
+					t.Fatalf("%s left a pinned datapath behind", name)
+				}
+			}
+		})
+	}
+}
+
+// TestAgentRestartAndDown: SIGKILL and restart the agent in the middle of
+// transfers, then `down` while connections are live: no stream loses a
+// byte, down refuses to unpin until they drain.
+func TestAgentRestartAndDown(t *testing.T) {
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+	agentCmd := func() *exec.Cmd {
+		c := exec.Command(in.Bin, "--name", in.Name, "agent", "--cgroup", srv.Cgroup, "--cgroup", cli.Cgroup)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a := agentCmd()
+	waitFor(t, func() bool { _, err := in.Run("status"); return err == nil })
+	server := start(t, srv, in.Bin, "peer", "integrity-server", "0.0.0.0:9000", "--conns", "8", "--io", "epoll", "--bytes", "20000000", "--max-msg", "65536")
+	waitPort(t, srv, "0.0.0.0:9000")
+	client := start(t, cli, in.Bin, "peer", "integrity-client", srv.IPv4.String()+":9000", "--conns", "8", "--io", "epoll", "--bytes", "20000000", "--max-msg", "65536", "--slow-bytes", "5000000")
+	time.Sleep(300 * time.Millisecond)
+	_ = a.Process.Kill() // SIGKILL mid-transfer
+	_ = a.Wait()
+	a = agentCmd() // adopts the pinned datapath
+	time.Sleep(200 * time.Millisecond)
+	_ = a.Process.Signal(syscall.SIGTERM)
+	_ = a.Wait()
+	cerr := client.wait(t, 5*time.Minute)
+	serr := server.wait(t, time.Minute)
+	csum, cfail := results(t, client.out.String())
+	ssum, sfail := results(t, server.out.String())
+	if cerr != nil || serr != nil || len(cfail)+len(sfail) > 0 || csum.Conns != 8 || ssum.Conns != 8 {
+		t.Fatalf("streams failed across restart/down: %v %v %v %v", cerr, serr, cfail, sfail)
+	}
+	d := in.Counters()
+	if d["conns_bypassed"] < 6 || d["redirect_bytes"] < csum.Sent/2 {
+		t.Errorf("transfers were not bypassed: %v", nonzero(d))
+	}
+	// down while a bypassed connection is live: detaches, waits, gives
+	// up without unpinning, and the connection keeps working.
+	in.Attach(srv, cli)
+	echo := start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7000")
+	waitPort(t, srv, "0.0.0.0:7000")
+	pp := start(t, cli, in.Bin, "peer", "pingpong", srv.IPv4.String()+":7000", "--size", "1000", "--count", "40000", "--warmup", "0")
+	waitFor(t, func() bool { c := in.Counters(); return c["redirect_msgs"] > d["redirect_msgs"]+100 })
+	out, err := in.Run("down", "--drain-timeout", "300ms")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 || !strings.Contains(out, "still open") {
+		t.Fatalf("down during a live connection: want exit 3 and a drain message, got %v: %s", err, out)
+	}
+	if err := pp.wait(t, 2*time.Minute); err != nil {
+		t.Fatalf("ping-pong across down: %v: %s", err, pp.err.String())
+	}
+	_ = echo.cmd.Process.Kill()
+	_ = echo.cmd.Wait()
+	// Drained: now down removes everything.
+	in.MustRun("down", "--drain-timeout", "10s")
+	if _, err := os.Stat(filepath.Join("/sys/fs/bpf", in.Name)); err == nil {
+		t.Fatal("pin directory left after down")
+	}
+}
+
+func waitFor(t *testing.T, f func() bool) {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		if f() {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("condition never held")
+}

@@ -1,0 +1,178 @@
+// Package e2e tests socklane end to end: real pods (network namespaces,
+// bridge, cgroups), real programs on both ends, the socklane command, and
+// assertions on the kernel's own counters.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/testbed"
+)
+
+var (
+	integrityConns = flag.Int("integrity.conns", 64, "concurrent connections in integrity tests")
+	integrityBytes = flag.Int64("integrity.bytes", 512<<10, "average bytes per side per connection (64 conns x 2 x this = run size; 8MiB moves ~1GiB)")
+)
+
+// proc is a process started in a pod.
+type proc struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+	err bytes.Buffer
+}
+
+func start(t *testing.T, p *testbed.Pod, name string, args ...string) *proc {
+	t.Helper()
+	cmd, err := p.Command(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := &proc{cmd: cmd}
+	cmd.Stdout, cmd.Stderr = &pr.out, &pr.err
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return pr
+}
+
+func (p *proc) wait(t *testing.T, d time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		_ = p.cmd.Process.Kill()
+		<-done
+		t.Fatalf("%s did not finish in %s; stderr: %s", p.cmd.Args, d, p.err.String())
+		return nil
+	}
+}
+
+type summary struct {
+	Conns    int    `json:"conns"`
+	OK       int    `json:"ok"`
+	Failed   int    `json:"failed"`
+	Sent     uint64 `json:"bytes_sent"`
+	Received uint64 `json:"bytes_received"`
+}
+
+// results parses the peer's JSON lines: failed rows and the summary.
+func results(t *testing.T, out string) (summary, []string) {
+	t.Helper()
+	var sum summary
+	var failed []string
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		var m map[string]json.RawMessage
+		if json.Unmarshal([]byte(line), &m) != nil {
+			continue
+		}
+		if s, ok := m["summary"]; ok {
+			_ = json.Unmarshal(s, &sum)
+			continue
+		}
+		if string(m["ok"]) != "true" {
+			failed = append(failed, line)
+		}
+	}
+	return sum, failed
+}
+
+// integrity runs an integrity server in srv and a client in cli and checks
+// every stream.
+func integrity(t *testing.T, bin string, srv, cli *testbed.Pod, listen, target string, nconns int, extra ...string) summary {
+	t.Helper()
+	conns := strconv.Itoa(nconns)
+	bytesArg := strconv.FormatInt(*integrityBytes, 10)
+	args := append([]string{"--conns", conns, "--bytes", bytesArg}, extra...)
+	server := start(t, srv, bin, append([]string{"peer", "integrity-server", listen}, args...)...)
+	waitPort(t, srv, listen)
+	client := start(t, cli, bin, append([]string{"peer", "integrity-client", target}, args...)...)
+	cerr := client.wait(t, 5*time.Minute)
+	serr := server.wait(t, time.Minute)
+	csum, cfail := results(t, client.out.String())
+	ssum, sfail := results(t, server.out.String())
+	for _, f := range append(cfail, sfail...) {
+		t.Errorf("stream failed: %s", f)
+	}
+	if cerr != nil || serr != nil {
+		t.Fatalf("client: %v %s; server: %v %s", cerr, client.err.String(), serr, server.err.String())
+	}
+	if csum.Conns != nconns || ssum.Conns != nconns || csum.Failed+ssum.Failed != 0 {
+		t.Fatalf("client %+v, server %+v", csum, ssum)
+	}
+	if csum.Sent != ssum.Received+uint64(resetLoss(csum, ssum)) && csum.Sent < ssum.Received {
+		t.Fatalf("server received %d bytes, client sent %d", ssum.Received, csum.Sent)
+	}
+	return csum
+}
+
+// resetLoss is what RST-closed streams may legitimately cut off.
+func resetLoss(c, s summary) uint64 {
+	if c.Sent > s.Received {
+		return c.Sent - s.Received
+	}
+	return 0
+}
+
+// waitPort waits until something listens on the pod's port.
+func waitPort(t *testing.T, p *testbed.Pod, listen string) {
+	t.Helper()
+	port := listen[strings.LastIndex(listen, ":")+1:]
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		cmd, err := p.Command("ss", "-Htln", "sport = :"+port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := cmd.Output()
+		if strings.TrimSpace(string(out)) != "" {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("nothing listens on %s in pod %s", listen, p.Name)
+}
+
+func mustAtLeast(t *testing.T, d map[string]uint64, name string, min uint64) {
+	t.Helper()
+	if d[name] < min {
+		t.Errorf("counter %s moved by %d, want >= %d (all deltas: %v)", name, d[name], min, nonzero(d))
+	}
+}
+
+func mustEqual(t *testing.T, d map[string]uint64, name string, want uint64) {
+	t.Helper()
+	if d[name] != want {
+		t.Errorf("counter %s moved by %d, want %d (all deltas: %v)", name, d[name], want, nonzero(d))
+	}
+}
+
+func nonzero(d map[string]uint64) string {
+	var b strings.Builder
+	for k, v := range d {
+		if v != 0 {
+			fmt.Fprintf(&b, "%s=%d ", k, v)
+		}
+	}
+	return b.String()
+}
