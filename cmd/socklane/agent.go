@@ -12,7 +12,7 @@ import (
 
 func newAgentCmd(g *globals) *cobra.Command {
 	var cgs []string
-	var backlog uint32
+	var set settingsFlags
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the node agent in the foreground (loads or adopts the datapath and attaches it)",
@@ -25,11 +25,11 @@ socklane with 'socklane down'.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return agent.Run(ctx, agent.Config{BPFFS: g.bpffs, PinName: g.name, Cgroups: cgs, BacklogLimit: backlog}, g.logger(os.Stderr))
+			return agent.Run(ctx, set.config(g, cgs), g.logger(os.Stderr))
 		},
 	}
 	cmd.Flags().StringArrayVar(&cgs, "cgroup", nil, "cgroup v2 directory to attach to (repeatable; default: the cgroup v2 root)")
-	cmd.Flags().Uint32Var(&backlog, "backlog-limit", 0, "receiver backlog in bytes above which a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)")
+	set.add(cmd)
 	cmd.SetContext(context.Background())
 	return cmd
 }

@@ -47,6 +47,7 @@ func (t *targetFlags) resolve() (agent.Target, error) {
 
 func newAttachCmd(g *globals) *cobra.Command {
 	var t targetFlags
+	var set settingsFlags
 	cmd := &cobra.Command{
 		Use:   "attach",
 		Short: "Attach the bypass to a cgroup (loads the datapath if it is not running)",
@@ -59,7 +60,7 @@ func newAttachCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			dp, err := agent.Start(agent.Config{BPFFS: g.bpffs, PinName: g.name, Cgroups: []string{target.Path}}, g.logger(os.Stderr))
+			dp, err := agent.Start(set.config(g, []string{target.Path}), g.logger(os.Stderr))
 			if err != nil {
 				return err
 			}
@@ -72,6 +73,7 @@ func newAttachCmd(g *globals) *cobra.Command {
 		},
 	}
 	t.add(cmd)
+	set.add(cmd)
 	return cmd
 }
 

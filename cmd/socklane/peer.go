@@ -41,7 +41,7 @@ func newPeerCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := ctx()
 			defer stop()
-			ln, err := peer.Listen(args[0])
+			ln, err := peer.Listen(args[0], cfg.IO != "blocking")
 			if err != nil {
 				return err
 			}

@@ -26,6 +26,19 @@ type Config struct {
 	// Cgroups to attach to; empty means the cgroup v2 root.
 	Cgroups      []string
 	BacklogLimit uint32
+	// BlockingSockets is what happens to connections with an end in
+	// blocking mode: "tcp" (default) or "bypass".
+	BlockingSockets string
+}
+
+// Validate checks the settings that do not need the kernel.
+func (c Config) Validate() error {
+	switch c.BlockingSockets {
+	case "", "tcp", "bypass":
+	default:
+		return fmt.Errorf("--blocking-sockets %q: want tcp or bypass", c.BlockingSockets)
+	}
+	return nil
 }
 
 // PinDir is where the agent pins its datapath.
@@ -98,6 +111,9 @@ func ResolveTargets(paths []string) ([]Target, error) {
 // Start prepares the node: checks, bpffs, datapath, attachments. It returns
 // the open datapath; the pinned state outlives the process.
 func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if err := RequireRoot(); err != nil {
 		return nil, err
 	}
@@ -111,7 +127,7 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
 		return nil, err
 	}
-	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), BacklogLimit: cfg.BacklogLimit})
+	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), BacklogLimit: cfg.BacklogLimit, BypassBlocking: cfg.BlockingSockets == "bypass"})
 	if err != nil {
 		return nil, err
 	}
@@ -164,11 +180,9 @@ func Down(dir string, force bool, drain time.Duration, log *slog.Logger) (int, e
 		}
 		return 0, nil
 	}
-	dp, err := datapath.Open(datapath.Config{PinDir: dir})
-	if err != nil {
-		return 0, err
-	}
-	defer dp.Close()
+	// Through the pins only: a datapath pinned by another version is
+	// removable too.
+	dp := datapath.Pins(dir)
 	n, err := dp.DetachAll()
 	if err != nil {
 		return 0, err

@@ -42,11 +42,28 @@ const struct sl_enums *sl_enums_unused __attribute__((unused));
  * 0 disables the check. Set by the loader from net.ipv4.tcp_rmem[2]. */
 const volatile __u32 backlog_limit = 6 << 20;
 
+/* 1: a connection with an end that reads in blocking mode stays on TCP.
+ * The kernel's sockmap receive path (tcp_bpf_recvmsg) answers a blocking
+ * read that a signal interrupts with EAGAIN instead of restarting it, which
+ * plain TCP never does. 0: bypass them anyway. */
+const volatile __u32 blocking_tcp = 1;
+
 /* Kernel types read through BTF (CO-RE); only the fields used. */
+struct file {
+	unsigned int f_flags;
+} __attribute__((preserve_access_index));
+
+struct socket {
+	struct file *file;
+} __attribute__((preserve_access_index));
+
 struct sock {
 	void *sk_user_data;
 	int sk_rcvbuf;
+	struct socket *sk_socket;
 } __attribute__((preserve_access_index));
+
+#define SL_O_NONBLOCK 04000
 
 /* Bytes redirected into a socket and not yet read. */
 struct sk_psock {
@@ -144,6 +161,99 @@ static __always_inline void reverse(const struct sl_tuple *in, struct sl_tuple *
 	out->local_port = in->remote_port;
 	out->remote_port = in->local_port;
 	out->netns = in->netns;
+}
+
+/* The read mode of a socket's file: 1 blocking, 0 non-blocking, -1 not
+ * known yet (an accepted socket before accept() returned it). */
+static __always_inline int sock_blocking(struct sock *sk)
+{
+	if (!sk)
+		return -1;
+	struct socket *so = sk->sk_socket;
+	if (!so)
+		return -1;
+	struct file *f = so->file;
+	if (!f)
+		return -1;
+	return !(f->f_flags & SL_O_NONBLOCK);
+}
+
+/* Bytes redirected into sk and not yet read by its application. */
+static __always_inline __u32 queued_bytes(struct sock *sk)
+{
+	if (!sk)
+		return 0;
+	unsigned long ud = (unsigned long)sk->sk_user_data & SL_USER_DATA_PTRMASK;
+	if (!ud)
+		return 0;
+	__u32 queued = 0;
+	bpf_core_read(&queued, sizeof(queued), &((struct sk_psock *)ud)->msg_tot_len);
+	return queued;
+}
+
+static __always_inline struct sock *member_sock(__u32 slot, __u32 role)
+{
+	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
+	if (!socks)
+		return 0;
+	/* Two loads at constant offsets: the verifier refuses a kptr load at
+	 * a computed one. */
+	struct sock *sk;
+	if (role == SL_ROLE_CLIENT) {
+		sk = socks->client;
+		asm volatile("" ::: "memory");
+	} else {
+		sk = socks->server;
+	}
+	return sk;
+}
+
+static __always_inline void listener_of(struct sl_conn *c, struct sl_listener *l)
+{
+	__builtin_memset(l, 0, sizeof(*l));
+	l->netns = c->server_netns;
+	l->port = c->client.remote_port;
+}
+
+/* Remembers how the server's listener hands out sockets. */
+static __always_inline void note_listener(struct sl_conn *c, int blocking)
+{
+	struct sl_listener l;
+	listener_of(c, &l);
+	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
+	if (!v)
+		return; /* listening before socklane was attached: unknown */
+	__u32 mode = blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING;
+	if (v->accepted != mode)
+		v->accepted = mode;
+}
+
+/* What the server's listener predicts for a socket not yet accepted. */
+static __always_inline int listener_blocks(struct sl_conn *c)
+{
+	struct sl_listener l;
+	listener_of(c, &l);
+	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
+	if (!v)
+		return 0;
+	if (v->accepted != SL_ACCEPTED_UNKNOWN)
+		return v->accepted == SL_ACCEPTED_BLOCKING;
+	return sock_blocking(v->sk) == 1;
+}
+
+/* Whether the server end of c reads in blocking mode. Before accept()
+ * returned it, the last socket its listener handed out says, or else the
+ * listening socket's own mode (event-driven servers listen non-blocking,
+ * blocking servers block in accept). A listener that predates socklane is
+ * assumed non-blocking. */
+static __always_inline int server_blocks(struct sl_conn *c, __u32 slot)
+{
+	int b = sock_blocking(member_sock(slot, SL_ROLE_SERVER));
+	if (b >= 0) {
+		note_listener(c, b);
+		return b;
+	}
+	return listener_blocks(c);
 }
 
 static __always_inline struct sl_conn *conn_of(__u32 slot)
@@ -255,6 +365,9 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->base_seq = skops->snd_nxt;
 	st->evict = 0;
 	st->in_map = 0;
+	st->evict_peer = 0;
+	st->checked = 0;
+	c->server_netns = 0;
 
 	/* The client must be in the map before it is findable: the server
 	 * redirects to it as soon as it joins. */
@@ -308,6 +421,24 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	st->path = SL_PATH_TCP;
 	st->evict = 0;
 	st->in_map = 0;
+	st->evict_peer = 0;
+	st->checked = 0;
+	c->server_netns = bpf_get_netns_cookie(skops);
+	set_member_sock(sk, slot, SL_ROLE_SERVER);
+
+	/* A client that reads in blocking mode keeps the connection on TCP;
+	 * its file is known here (connect() has not returned yet). So does a
+	 * server whose listener hands out blocking sockets: deciding before it
+	 * joins means its first read never runs in the sockmap's receive path. */
+	if (blocking_tcp && (sock_blocking(member_sock(slot, SL_ROLE_CLIENT)) == 1 ||
+			     listener_blocks(c))) {
+		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP) {
+			c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;
+			count(SL_C_CONNS_TCP, 1);
+			count(SL_C_FALLBACK_BLOCKING, 1);
+		}
+		return;
+	}
 
 	if (bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST)) {
 		count(SL_C_ERR_SOCKHASH, 1);
@@ -324,10 +455,45 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	}
 	st->in_map = 1;
 	st->path = SL_PATH_BYPASS;
-	set_member_sock(sk, slot, SL_ROLE_SERVER);
 	c->path[SL_ROLE_SERVER] = SL_PATH_BYPASS;
 	count(SL_C_CONNS_BYPASSED, 1);
+	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
+}
+
+static __always_inline void listener_key(struct bpf_sock_ops *skops, struct sl_listener *l)
+{
+	__builtin_memset(l, 0, sizeof(*l));
+	l->netns = bpf_get_netns_cookie(skops);
+	l->port = skops->local_port;
+}
+
+static __always_inline void on_listen(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	struct sl_listener l;
+	listener_key(skops, &l);
+	struct sl_listener_val v = {};
+	if (bpf_map_update_elem(&sl_listeners, &l, &v, BPF_ANY))
+		return;
+	struct sl_listener_val *pv = bpf_map_lookup_elem(&sl_listeners, &l);
+	if (!pv)
+		return;
+	pv->sk = (struct sock *)bpf_skc_to_tcp_sock(sk);
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, 0);
+}
+
+static __always_inline void on_listener_close(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	struct sl_listener l;
+	listener_key(skops, &l);
+	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
+	if (v && v->sk == (struct sock *)bpf_skc_to_tcp_sock(sk))
+		bpf_map_delete_elem(&sl_listeners, &l);
 }
 
 static __always_inline void on_close(struct bpf_sock_ops *skops)
@@ -368,13 +534,25 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 		set_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		return;
 	}
+	if (st->evict_peer) {
+		st->evict_peer = 0;
+		if (!bpf_map_delete_elem(&sl_sockhash, &st->peer_id))
+			count(SL_C_EVICTIONS, 1);
+	}
 	if (st->evict) {
+		/* Leaving the map drops what was redirected to this socket
+		 * and not yet read: wait until that is empty. */
+		if (st->in_map && queued_bytes((struct sock *)bpf_skc_to_tcp_sock(sk)))
+			return;
 		st->evict = 0;
 		if (st->in_map && !bpf_map_delete_elem(&sl_sockhash, &st->self_id))
 			count(SL_C_EVICTIONS, 1);
 		st->in_map = 0;
 	}
-	if (st->path != SL_PATH_UNDECIDED)
+	/* Off once nothing more can be asked of this callback: the socket
+	 * left the map. A bypassed socket hardly transmits, so leaving it on
+	 * costs nothing while it may still have to leave. */
+	if (!st->in_map)
 		set_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 }
 
@@ -391,17 +569,38 @@ int sl_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
 		on_transmit(skops);
 		break;
+	case BPF_SOCK_OPS_TCP_LISTEN_CB:
+		on_listen(skops);
+		break;
 	case BPF_SOCK_OPS_STATE_CB:
-		if (skops->args[1] == BPF_TCP_CLOSE)
+		if (skops->args[1] != BPF_TCP_CLOSE)
+			break;
+		if (skops->args[0] == BPF_TCP_LISTEN)
+			on_listener_close(skops);
+		else
 			on_close(skops);
 		break;
 	}
 	return 1;
 }
 
+/* Both directions move to TCP and both sockets leave the map. Called at a
+ * socket's first send, so nothing was redirected to its peer yet, which
+ * leaves at once; the caller leaves once what was redirected to it is read. */
+static __always_inline void leave_for_blocking(struct sl_sock *st, struct sl_conn *c)
+{
+	st->path = SL_PATH_TCP;
+	st->evict = 1;
+	st->evict_peer = 1;
+	c->path[0] = c->path[1] = SL_PATH_TCP;
+	c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;
+	count(SL_C_FALLBACK_BLOCKING, 1);
+}
+
 /* The client's first send commits its direction. */
 static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c)
 {
+	__u32 before = word_state(c->word);
 	__u32 state = conn_decide(c, st->gen, SL_CONN_TCP, 0);
 	if (state == SL_CONN_BYPASS) {
 		/* Bytes written before the socket entered the map (a send
@@ -415,6 +614,23 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 			count(SL_C_FALLBACK_EARLY_DATA, 1);
 			return;
 		}
+		/* A server that reads in blocking mode, before anything went
+		 * through the bypass either way: both directions use TCP and
+		 * both sockets leave the map (each queue is empty, and the
+		 * client leaves only once it checked that again). */
+		if (c->path[SL_ROLE_CLIENT] == SL_PATH_TCP) {
+			/* The server already took the connection to TCP. */
+			st->path = SL_PATH_TCP;
+			return;
+		}
+		/* An end that reads in blocking mode (the server, or the
+		 * client switched to blocking after connect(), as hiredis
+		 * does). */
+		if (blocking_tcp && (server_blocks(c, st->slot) ||
+				     (tp && sock_blocking((struct sock *)tp) == 1))) {
+			leave_for_blocking(st, c);
+			return;
+		}
 		st->path = SL_PATH_BYPASS;
 		c->path[SL_ROLE_CLIENT] = SL_PATH_BYPASS;
 		return;
@@ -422,7 +638,15 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 	/* The server did not join (remote, unmanaged, or not yet accepted):
 	 * the whole connection stays on TCP and the client leaves the map at
 	 * its next transmit. Nobody ever redirected to it. */
-	if (state == SL_CONN_TCP) {
+	/* Kept on TCP for a blocking end: learn what the server really is, if
+	 * it was accepted already, so that a listener mispredicted as blocking
+	 * does not stay so. */
+	if (state == SL_CONN_TCP && c->reason[SL_ROLE_SERVER] == SL_C_FALLBACK_BLOCKING) {
+		int b = sock_blocking(member_sock(st->slot, SL_ROLE_SERVER));
+		if (b >= 0)
+			note_listener(c, b);
+	}
+	if (state == SL_CONN_TCP && before == SL_CONN_PENDING) {
 		count(SL_C_CONNS_TCP, 1);
 		count(SL_C_FALLBACK_PEER_NOT_READY, 1);
 		c->reason[SL_ROLE_CLIENT] = SL_C_FALLBACK_PEER_NOT_READY;
@@ -432,6 +656,21 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 	c->path[0] = c->path[1] = SL_PATH_TCP;
 }
 
+/* The server's first send: a server reading in blocking mode takes the
+ * connection to TCP (what the client already redirected is read first). */
+static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c)
+{
+	st->checked = 1;
+	if (!blocking_tcp || c->path[SL_ROLE_SERVER] == SL_PATH_TCP)
+		return;
+	int b = sock_blocking((struct sock *)bpf_skc_to_tcp_sock(msg->sk));
+	if (b < 0)
+		return;
+	note_listener(c, b);
+	if (b)
+		leave_for_blocking(st, c);
+}
+
 /* Whether the peer's receive queue is over the backlog limit: the kernel
  * charges redirected bytes to the receiver but never compares them with its
  * buffer, so without this a slow reader grows without bound. */
@@ -439,25 +678,10 @@ static __always_inline int peer_backlogged(__u32 slot, __u32 peer_role)
 {
 	if (!backlog_limit)
 		return 0;
-	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
-	if (!socks)
-		return 0;
-	/* Two loads at constant offsets: the verifier refuses a kptr load at
-	 * a computed one. */
-	struct sock *peer;
-	if (peer_role == SL_ROLE_CLIENT) {
-		peer = socks->client;
-		asm volatile("" ::: "memory");
-	} else {
-		peer = socks->server;
-	}
+	struct sock *peer = member_sock(slot, peer_role);
 	if (!peer)
 		return 0;
-	unsigned long ud = (unsigned long)peer->sk_user_data & SL_USER_DATA_PTRMASK;
-	if (!ud)
-		return 0;
-	__u32 queued = 0;
-	bpf_core_read(&queued, sizeof(queued), &((struct sk_psock *)ud)->msg_tot_len);
+	__u32 queued = queued_bytes(peer);
 	int limit = peer->sk_rcvbuf;
 	if (limit < (int)backlog_limit)
 		limit = backlog_limit;
@@ -478,7 +702,13 @@ int sl_msg(struct sk_msg_md *msg)
 
 	if (st->path == SL_PATH_UNDECIDED)
 		decide_client(msg, st, c);
+	else if (!st->checked && dir == SL_ROLE_SERVER)
+		check_server(msg, st, c);
 
+	if (st->path == SL_PATH_BYPASS && c->path[dir] == SL_PATH_TCP) {
+		/* The client moved the whole connection to TCP. */
+		st->path = SL_PATH_TCP;
+	}
 	if (st->path == SL_PATH_BYPASS) {
 		__u8 reason = SL_C_FALLBACK_BACKLOG;
 		if (!peer_backlogged(st->slot, dir ^ 1)) {

@@ -14,17 +14,18 @@ import (
 )
 
 type bypassSlConn struct {
-	_        structs.HostLayout
-	Client   bypassSlTuple
-	Word     uint64
-	StartNs  uint64
-	Msgs     [2]uint64
-	Bytes    [2]uint64
-	TcpMsgs  [2]uint64
-	TcpBytes [2]uint64
-	Path     [2]uint8
-	Reason   [2]uint8
-	Pad      uint32
+	_           structs.HostLayout
+	Client      bypassSlTuple
+	Word        uint64
+	StartNs     uint64
+	Msgs        [2]uint64
+	Bytes       [2]uint64
+	TcpMsgs     [2]uint64
+	TcpBytes    [2]uint64
+	ServerNetns uint64
+	Path        [2]uint8
+	Reason      [2]uint8
+	Pad         uint32
 }
 
 type bypassSlConnRef struct {
@@ -57,7 +58,7 @@ const (
 	bypassSlCounterSL_C_FALLBACK_EARLY_DATA     bypassSlCounter = 9
 	bypassSlCounterSL_C_FALLBACK_BACKLOG        bypassSlCounter = 10
 	bypassSlCounterSL_C_FALLBACK_PEER_GONE      bypassSlCounter = 11
-	bypassSlCounterSL_C_FALLBACK_PEER_CLOSING   bypassSlCounter = 12
+	bypassSlCounterSL_C_FALLBACK_BLOCKING       bypassSlCounter = 12
 	bypassSlCounterSL_C_EVICTIONS               bypassSlCounter = 13
 	bypassSlCounterSL_C_CLOSED                  bypassSlCounter = 14
 	bypassSlCounterSL_C_ERR_SOCKHASH            bypassSlCounter = 15
@@ -70,6 +71,13 @@ const (
 type bypassSlCounters struct {
 	_ structs.HostLayout
 	C [19]uint64
+}
+
+type bypassSlListener struct {
+	_     structs.HostLayout
+	Netns uint64
+	Port  uint32
+	Pad   uint32
 }
 
 type bypassSlPath uint32
@@ -88,16 +96,19 @@ const (
 )
 
 type bypassSlSock struct {
-	_       structs.HostLayout
-	SelfId  uint32
-	PeerId  uint32
-	Slot    uint32
-	Gen     uint32
-	BaseSeq uint32
-	Role    uint8
-	Path    uint8
-	Evict   uint8
-	InMap   uint8
+	_         structs.HostLayout
+	SelfId    uint32
+	PeerId    uint32
+	Slot      uint32
+	Gen       uint32
+	BaseSeq   uint32
+	Role      uint8
+	Path      uint8
+	Evict     uint8
+	InMap     uint8
+	EvictPeer uint8
+	Checked   uint8
+	Pad       uint16
 }
 
 type bypassSlTuple struct {
@@ -118,12 +129,14 @@ const (
 	bypassMapSlConnIndex   = "sl_conn_index"
 	bypassMapSlConnSocks   = "sl_conn_socks"
 	bypassMapSlConns       = "sl_conns"
+	bypassMapSlListeners   = "sl_listeners"
 	bypassMapSlSkState     = "sl_sk_state"
 	bypassMapSlSockhash    = "sl_sockhash"
 	bypassMapSlStats       = "sl_stats"
 	bypassProgSlMsg        = "sl_msg"
 	bypassProgSlSockops    = "sl_sockops"
 	bypassVarBacklogLimit  = "backlog_limit"
+	bypassVarBlockingTcp   = "blocking_tcp"
 	bypassVarSlEnumsUnused = "sl_enums_unused"
 )
 
@@ -181,6 +194,7 @@ type bypassMapSpecs struct {
 	SlConnIndex *ebpf.MapSpec `ebpf:"sl_conn_index"`
 	SlConnSocks *ebpf.MapSpec `ebpf:"sl_conn_socks"`
 	SlConns     *ebpf.MapSpec `ebpf:"sl_conns"`
+	SlListeners *ebpf.MapSpec `ebpf:"sl_listeners"`
 	SlSkState   *ebpf.MapSpec `ebpf:"sl_sk_state"`
 	SlSockhash  *ebpf.MapSpec `ebpf:"sl_sockhash"`
 	SlStats     *ebpf.MapSpec `ebpf:"sl_stats"`
@@ -191,6 +205,7 @@ type bypassMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassVariableSpecs struct {
 	BacklogLimit  *ebpf.VariableSpec `ebpf:"backlog_limit"`
+	BlockingTcp   *ebpf.VariableSpec `ebpf:"blocking_tcp"`
 	SlEnumsUnused *ebpf.VariableSpec `ebpf:"sl_enums_unused"`
 }
 
@@ -218,6 +233,7 @@ type bypassMaps struct {
 	SlConnIndex *ebpf.Map `ebpf:"sl_conn_index"`
 	SlConnSocks *ebpf.Map `ebpf:"sl_conn_socks"`
 	SlConns     *ebpf.Map `ebpf:"sl_conns"`
+	SlListeners *ebpf.Map `ebpf:"sl_listeners"`
 	SlSkState   *ebpf.Map `ebpf:"sl_sk_state"`
 	SlSockhash  *ebpf.Map `ebpf:"sl_sockhash"`
 	SlStats     *ebpf.Map `ebpf:"sl_stats"`
@@ -229,6 +245,7 @@ func (m *bypassMaps) Close() error {
 		m.SlConnIndex,
 		m.SlConnSocks,
 		m.SlConns,
+		m.SlListeners,
 		m.SlSkState,
 		m.SlSockhash,
 		m.SlStats,
@@ -240,6 +257,7 @@ func (m *bypassMaps) Close() error {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassVariables struct {
 	BacklogLimit  *ebpf.Variable `ebpf:"backlog_limit"`
+	BlockingTcp   *ebpf.Variable `ebpf:"blocking_tcp"`
 	SlEnumsUnused *ebpf.Variable `ebpf:"sl_enums_unused"`
 }
 

@@ -30,6 +30,10 @@ type Config struct {
 	// BacklogLimit is the receiver backlog in bytes above which a
 	// direction moves to TCP. 0 picks net.ipv4.tcp_rmem's maximum.
 	BacklogLimit uint32
+	// BypassBlocking bypasses connections whose ends read in blocking mode.
+	// Off by default: the kernel's sockmap receive path turns a blocking
+	// read interrupted by a signal into EAGAIN, which plain TCP never does.
+	BypassBlocking bool
 }
 
 // Datapath is a loaded (fresh or adopted) bypass datapath.
@@ -78,6 +82,13 @@ func loadSpec(cfg Config) (*ebpf.CollectionSpec, error) {
 	if err := spec.Variables["backlog_limit"].Set(limit); err != nil {
 		return nil, fmt.Errorf("setting backlog_limit: %w", err)
 	}
+	blockingTCP := uint32(1)
+	if cfg.BypassBlocking {
+		blockingTCP = 0
+	}
+	if err := spec.Variables["blocking_tcp"].Set(blockingTCP); err != nil {
+		return nil, fmt.Errorf("setting blocking_tcp: %w", err)
+	}
 	return spec, nil
 }
 
@@ -98,7 +109,7 @@ func create(cfg Config) (*Datapath, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			d.unpinAll()
+			_ = os.RemoveAll(d.cfg.PinDir)
 			d.Close()
 		}
 	}()
@@ -232,96 +243,17 @@ func detachPin(pin string) (bool, error) {
 }
 
 // Attachments lists the cgroups this datapath is attached to.
-func (d *Datapath) Attachments() ([]Attachment, error) {
-	entries, err := os.ReadDir(d.cfg.PinDir)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", d.cfg.PinDir, err)
-	}
-	var out []Attachment
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasPrefix(name, linkPinPrefix) {
-			continue
-		}
-		id, err := strconv.ParseUint(strings.TrimPrefix(name, linkPinPrefix), 10, 64)
-		if err != nil {
-			continue
-		}
-		a := Attachment{CgroupID: id}
-		if l, err := link.LoadPinnedLink(filepath.Join(d.cfg.PinDir, name), nil); err == nil {
-			if info, err := l.Info(); err == nil {
-				a.LinkID = uint32(info.ID)
-			}
-			l.Close()
-		}
-		out = append(out, a)
-	}
-	return out, nil
-}
+func (d *Datapath) Attachments() ([]Attachment, error) { return Pins(d.cfg.PinDir).Attachments() }
 
 // DetachAll removes every attachment of this datapath: no new connection
 // joins the bypass; live ones keep it.
-func (d *Datapath) DetachAll() (int, error) {
-	as, err := d.Attachments()
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, a := range as {
-		ok, err := d.Detach(a.CgroupID)
-		if err != nil {
-			return n, err
-		}
-		if ok {
-			n++
-		}
-	}
-	return n, nil
-}
+func (d *Datapath) DetachAll() (int, error) { return Pins(d.cfg.PinDir).DetachAll() }
 
 // Sockets counts the sockets currently in sl_sockhash.
-func (d *Datapath) Sockets() (int, error) {
-	var key, next uint32
-	n := 0
-	k := any(nil)
-	for {
-		err := d.objs.SlSockhash.NextKey(k, &next)
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, nil
-		}
-		if err != nil {
-			return n, fmt.Errorf("iterating sl_sockhash: %w", err)
-		}
-		n++
-		key = next
-		k = &key
-		if n > int(d.objs.SlSockhash.MaxEntries()) {
-			return n, nil
-		}
-	}
-}
+func (d *Datapath) Sockets() (int, error) { return Pins(d.cfg.PinDir).Sockets() }
 
-// Remove unpins every object of the datapath. Live bypassed sockets lose
-// the bypass when the last handle goes: bytes they had queued but not yet
-// read are dropped by the kernel. Callers drain first unless forced.
-func (d *Datapath) Remove() error {
-	if _, err := d.DetachAll(); err != nil {
-		return err
-	}
-	d.unpinAll()
-	return os.RemoveAll(d.cfg.PinDir)
-}
-
-func (d *Datapath) unpinAll() {
-	for _, m := range []*ebpf.Map{d.objs.SlSockhash, d.objs.SlSkState, d.objs.SlConns, d.objs.SlConnSocks,
-		d.objs.SlConnFree, d.objs.SlConnIndex, d.objs.SlStats} {
-		if m != nil {
-			_ = m.Unpin()
-		}
-	}
-	_ = os.Remove(filepath.Join(d.cfg.PinDir, progPinSockops))
-	_ = os.Remove(filepath.Join(d.cfg.PinDir, progPinMsg))
-}
+// Remove unpins every object of the datapath; see Pins.Remove.
+func (d *Datapath) Remove() error { return Pins(d.cfg.PinDir).Remove() }
 
 // tcpRmemMax is TCP's largest receive buffer, the default backlog limit.
 func tcpRmemMax() uint32 {

@@ -24,7 +24,7 @@ enum sl_counter {
 	SL_C_FALLBACK_EARLY_DATA,     /* bytes went through TCP before the decision */
 	SL_C_FALLBACK_BACKLOG,        /* receiver's backlog over the limit */
 	SL_C_FALLBACK_PEER_GONE,      /* redirect target left the map */
-	SL_C_FALLBACK_PEER_CLOSING,   /* peer half-closed: direction moved to TCP */
+	SL_C_FALLBACK_BLOCKING,       /* an end reads in blocking mode: connection kept on TCP */
 	SL_C_EVICTIONS,               /* sockets removed from the map (remote peer) */
 	SL_C_CLOSED,                  /* managed sockets closed */
 	SL_C_ERR_SOCKHASH,            /* socket could not be added to the map */
@@ -59,5 +59,6 @@ enum sl_role {
 };
 
 #define SL_NO_SLOT 0xffffffffu
+#define SL_MAX_LISTENERS 16384
 
 #endif

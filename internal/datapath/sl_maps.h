@@ -56,6 +56,15 @@ struct {
 	__type(value, struct sl_conn_ref);
 } sl_conn_index SEC(".maps");
 
+/* Listeners of managed cgroups, recorded at listen(): read when a client
+ * sends before its server socket was accepted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SL_MAX_LISTENERS);
+	__type(key, struct sl_listener);
+	__type(value, struct sl_listener_val);
+} sl_listeners SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);

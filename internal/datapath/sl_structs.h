@@ -40,8 +40,31 @@ struct sl_conn {
 	__u64 bytes[2];           /* bytes redirected, per direction */
 	__u64 tcp_msgs[2];        /* messages that went through TCP, per direction */
 	__u64 tcp_bytes[2];
+	__u64 server_netns;       /* the server socket's network namespace cookie */
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
+	__u32 pad;
+};
+
+/* A listening endpoint (network namespace cookie and port). */
+struct sl_listener {
+	__u64 netns;
+	__u32 port;
+	__u32 pad;
+};
+
+enum sl_accepted_mode {
+	SL_ACCEPTED_UNKNOWN = 0,
+	SL_ACCEPTED_NONBLOCKING = 1,
+	SL_ACCEPTED_BLOCKING = 2,
+};
+
+/* What the datapath knows of a listener: the listening socket (its file
+ * mode predicts its accepted sockets' until one is seen) and the mode of
+ * the last socket it accepted. Kernel-only (kptr), no Go type. */
+struct sl_listener_val {
+	struct sock __kptr_untrusted *sk;
+	__u32 accepted; /* enum sl_accepted_mode */
 	__u32 pad;
 };
 
@@ -63,6 +86,9 @@ struct sl_sock {
 	__u8 path;       /* enum sl_path for this socket's sends */
 	__u8 evict;      /* leave sl_sockhash at the next sock_ops callback */
 	__u8 in_map;
+	__u8 evict_peer; /* remove the peer from sl_sockhash at the next callback */
+	__u8 checked;    /* this socket's file mode was looked at */
+	__u16 pad;
 };
 
 /* Per-CPU counter block. */

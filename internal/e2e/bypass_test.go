@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"testing"
 
+	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
 )
@@ -13,7 +15,8 @@ import (
 // TestBypassIntegrity moves many concurrent streams through the bypass in
 // every scenario and checks each byte (SHA-256 against what was sent) and
 // the kernel counters. The I/O is epoll-driven; see TestBlockingIO for
-// blocking sockets.
+// blocking sockets. The backlog limit is low so that the slow receivers
+// push their senders back onto TCP mid-stream.
 func TestBypassIntegrity(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -40,10 +43,12 @@ func TestBypassIntegrity(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			b := testutil.Bed(t)
 			in := testutil.NewInstance(t)
+			in.Settings = []string{"--backlog-limit", "1048576"}
 			srv, cli, listen, target := tt.setup(t, b)
 			in.Attach(srv, cli)
 			before := in.Counters()
-			sum := integrity(t, in.Bin, srv, cli, listen, target, *integrityConns, "--io", "epoll")
+			const slow = 4 << 20
+			sum := integrity(t, in.Bin, srv, cli, listen, target, *integrityConns, "--io", "epoll", "--slow-bytes", strconv.Itoa(slow))
 			d := testutil.Delta(before, in.Counters())
 			n := uint64(*integrityConns)
 			mustAtLeast(t, d, "established_active", n)
@@ -51,9 +56,57 @@ func TestBypassIntegrity(t *testing.T) {
 			// A client may send before its server is accepted; that
 			// connection stays on TCP. Most must be bypassed.
 			mustAtLeast(t, d, "conns_bypassed", n*3/4)
-			mustAtLeast(t, d, "redirect_bytes", sum.Sent/2)
+			// Everything but the slow receivers' floods (which move to
+			// TCP past the limit) goes socket to socket, mostly.
+			var slowStreams uint64
+			for i := range *integrityConns {
+				if peer.Mode(i%int(peer.NumModes)) == peer.ModeSlowReceiver {
+					slowStreams++
+				}
+			}
+			mustAtLeast(t, d, "redirect_bytes", (sum.Sent-slowStreams*slow)/2)
 			mustEqual(t, d, "err_sockhash", 0)
 			mustEqual(t, d, "err_conn_table_full", 0)
+			// Slow receivers went over the 1 MiB limit and their bytes
+			// kept order across the switch.
+			mustAtLeast(t, d, "fallback_backlog", 1)
+			mustEqual(t, d, "fallback_blocking", 0)
+		})
+	}
+}
+
+// TestBlockingIO: connections with an end reading in blocking mode stay on
+// TCP (the kernel's sockmap receive path answers a blocking read interrupted
+// by a signal with EAGAIN; Go's runtime signals its threads all the time, so
+// this peer would see it). Every stream still verifies. A blocking client is
+// known at the handshake; a blocking server before it is accepted, from its
+// listener.
+func TestBlockingIO(t *testing.T) {
+	tests := []struct {
+		name           string
+		server, client string
+		minBlocking    uint64 // connections kept on TCP for a blocking end
+		minBypassed    uint64
+	}{
+		{"blocking both ends", "blocking", "blocking", 32, 0},
+		{"blocking server, epoll client", "blocking", "epoll", 32, 0},
+		{"epoll server, mixed clients", "epoll", "mixed", 16, 12},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := testutil.Bed(t)
+			in := testutil.NewInstance(t)
+			srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+			in.Attach(srv, cli)
+			before := in.Counters()
+			integritySides(t, in.Bin, srv, cli, "0.0.0.0:9000", netip.AddrPortFrom(srv.IPv4, 9000).String(), 32,
+				[]string{"--io", tt.server}, []string{"--io", tt.client})
+			d := testutil.Delta(before, in.Counters())
+			mustAtLeast(t, d, "fallback_blocking", tt.minBlocking)
+			mustAtLeast(t, d, "conns_bypassed", tt.minBypassed)
+			if tt.minBypassed == 0 {
+				mustEqual(t, d, "redirect_msgs", 0)
+			}
 		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,12 +102,18 @@ func results(t *testing.T, out string) (summary, []string) {
 // every stream.
 func integrity(t *testing.T, bin string, srv, cli *testbed.Pod, listen, target string, nconns int, extra ...string) summary {
 	t.Helper()
+	return integritySides(t, bin, srv, cli, listen, target, nconns, extra, extra)
+}
+
+// integritySides is integrity with different flags for each side.
+func integritySides(t *testing.T, bin string, srv, cli *testbed.Pod, listen, target string, nconns int, srvExtra, cliExtra []string) summary {
+	t.Helper()
 	conns := strconv.Itoa(nconns)
 	bytesArg := strconv.FormatInt(*integrityBytes, 10)
-	args := append([]string{"--conns", conns, "--bytes", bytesArg}, extra...)
-	server := start(t, srv, bin, append([]string{"peer", "integrity-server", listen}, args...)...)
+	args := []string{"--conns", conns, "--bytes", bytesArg}
+	server := start(t, srv, bin, slices.Concat([]string{"peer", "integrity-server", listen}, args, srvExtra)...)
 	waitPort(t, srv, listen)
-	client := start(t, cli, bin, append([]string{"peer", "integrity-client", target}, args...)...)
+	client := start(t, cli, bin, slices.Concat([]string{"peer", "integrity-client", target}, args, cliExtra)...)
 	cerr := client.wait(t, 5*time.Minute)
 	serr := server.wait(t, time.Minute)
 	csum, cfail := results(t, client.out.String())

@@ -224,7 +224,7 @@ func Serve(ctx context.Context, ln *listener, cfg IntegrityConfig, conns int, w 
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	for i := 0; conns == 0 || i < conns; i++ {
-		fd, err := ln.Accept()
+		fd, err := ln.Accept(!cfg.blocking(i))
 		if err != nil {
 			break
 		}
@@ -295,7 +295,7 @@ func Dial(ctx context.Context, target netip.AddrPort, cfg IntegrityConfig, conns
 
 func dialOne(ctx context.Context, i int, target netip.AddrPort, cfg IntegrityConfig) Result {
 	rng := rand.New(rand.NewPCG(cfg.Seed^0x5ca1ab1e, uint64(i)))
-	mode := Mode(i % int(numModes))
+	mode := Mode(i % int(NumModes))
 	var s sock
 	style := "blocking"
 	if cfg.blocking(i) {

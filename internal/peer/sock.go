@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -183,13 +184,17 @@ func dialBlocking(addr netip.AddrPort) (*blockingSock, error) {
 	return &blockingSock{fd: fd}, nil
 }
 
-// listener is a blocking listening socket: accepted sockets start blocking
-// and can be handed to Go's netpoller when wanted.
-type listener struct{ fd int }
+// listener is a listening socket. A non-blocking one waits in poll(2), as
+// event-driven servers do; a blocking one blocks in accept(2).
+type listener struct {
+	fd       int
+	nonblock bool
+	closed   atomic.Bool
+}
 
 // Listen opens a listening socket on addr ("ip:port"); an unspecified IPv6
 // address is dual-stack, as Go's net.Listen(":port") and nginx make it.
-func Listen(addr string) (*listener, error) {
+func Listen(addr string, nonblock bool) (*listener, error) {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("parsing listen address %q: %w", addr, err)
@@ -202,7 +207,11 @@ func Listen(addr string) (*listener, error) {
 	} else {
 		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
 	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	typ := unix.SOCK_STREAM | unix.SOCK_CLOEXEC
+	if nonblock {
+		typ |= unix.SOCK_NONBLOCK
+	}
+	fd, err := unix.Socket(family, typ, 0)
 	if err != nil {
 		return nil, fmt.Errorf("creating socket: %w", err)
 	}
@@ -224,14 +233,27 @@ func Listen(addr string) (*listener, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listening on %s: %w", addr, err)
 	}
-	return &listener{fd: fd}, nil
+	return &listener{fd: fd, nonblock: nonblock}, nil
 }
 
-// Accept waits for a connection; the socket is blocking.
-func (l *listener) Accept() (int, error) {
+// Accept waits for a connection. The socket is non-blocking from the start
+// when asked, as an event-driven server (Go's net, nginx) makes it.
+func (l *listener) Accept(nonblock bool) (int, error) {
+	flags := unix.SOCK_CLOEXEC
+	if nonblock {
+		flags |= unix.SOCK_NONBLOCK
+	}
 	for {
-		fd, _, err := unix.Accept4(l.fd, unix.SOCK_CLOEXEC)
-		if err == unix.EINTR || err == unix.ECONNABORTED {
+		if l.closed.Load() {
+			return -1, net.ErrClosed
+		}
+		fd, _, err := unix.Accept4(l.fd, flags)
+		switch err {
+		case unix.EINTR, unix.ECONNABORTED:
+			continue
+		case unix.EAGAIN:
+			pfd := []unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLIN}}
+			_, _ = unix.Poll(pfd, 200)
 			continue
 		}
 		return fd, err
@@ -240,6 +262,7 @@ func (l *listener) Accept() (int, error) {
 
 // Close stops accepting (a blocked Accept returns an error).
 func (l *listener) Close() error {
+	l.closed.Store(true)
 	_ = unix.Shutdown(l.fd, unix.SHUT_RDWR)
 	return unix.Close(l.fd)
 }

@@ -28,7 +28,8 @@ const (
 	ModeReset
 	// ModePeek: receivers check MSG_PEEK and FIONREAD before each read.
 	ModePeek
-	numModes
+	// NumModes is how many modes there are; connection i uses mode i % NumModes.
+	NumModes
 )
 
 var modeNames = [...]string{"half-close", "slow-receiver", "reset", "peek"}
@@ -70,7 +71,7 @@ func parseHeader(b []byte) (header, error) {
 		Mode:   Mode(binary.BigEndian.Uint32(b[16:])),
 		MaxMsg: binary.BigEndian.Uint32(b[20:]),
 	}
-	if h.Mode >= numModes {
+	if h.Mode >= NumModes {
 		return header{}, fmt.Errorf("unknown mode %d", h.Mode)
 	}
 	if h.MaxMsg == 0 {

@@ -143,6 +143,9 @@ type Instance struct {
 	t    testing.TB
 	Bin  string
 	Name string
+	// Settings are datapath flags (--backlog-limit, --blocking-sockets)
+	// passed to the attach that loads the datapath.
+	Settings []string
 }
 
 // NewInstance returns an instance named after the test.
@@ -185,7 +188,7 @@ func (in *Instance) MustRun(args ...string) string {
 func (in *Instance) Attach(pods ...*testbed.Pod) {
 	in.t.Helper()
 	for _, p := range pods {
-		in.MustRun("attach", "--cgroup", p.Cgroup)
+		in.MustRun(append([]string{"attach", "--cgroup", p.Cgroup}, in.Settings...)...)
 	}
 }
 

@@ -1,0 +1,23 @@
+package main
+
+import (
+	"github.com/socklane/socklane/internal/agent"
+	"github.com/spf13/cobra"
+)
+
+// settingsFlags are the datapath's load-time settings. They apply when the
+// command loads a new datapath; an adopted one keeps the settings it was
+// loaded with.
+type settingsFlags struct {
+	backlog  uint32
+	blocking string
+}
+
+func (s *settingsFlags) add(cmd *cobra.Command) {
+	cmd.Flags().Uint32Var(&s.backlog, "backlog-limit", 0, "receiver backlog in bytes above which a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)")
+	cmd.Flags().StringVar(&s.blocking, "blocking-sockets", "tcp", "connections with an end reading in blocking mode: tcp (the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN) or bypass")
+}
+
+func (s *settingsFlags) config(g *globals, cgroups []string) agent.Config {
+	return agent.Config{BPFFS: g.bpffs, PinName: g.name, Cgroups: cgroups, BacklogLimit: s.backlog, BlockingSockets: s.blocking}
+}

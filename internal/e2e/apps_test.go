@@ -1,0 +1,141 @@
+package e2e
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/testbed"
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// run runs a command in a pod to completion and returns its stdout.
+func run(t *testing.T, p *testbed.Pod, timeout time.Duration, name string, args ...string) string {
+	t.Helper()
+	pr := start(t, p, name, args...)
+	if err := pr.wait(t, timeout); err != nil {
+		t.Fatalf("%s %s: %v\nstdout: %s\nstderr: %s", name, strings.Join(args, " "), err, pr.out.String(), pr.err.String())
+	}
+	return pr.out.String()
+}
+
+// TestRedis runs an unmodified redis-server and redis-benchmark in two pods.
+// redis-benchmark's event-driven clients go socket to socket; redis-cli
+// reads in blocking mode, so its connection stays on TCP, and its value
+// comes back intact either way.
+func TestRedis(t *testing.T) {
+	for _, c := range []string{"redis-server", "redis-benchmark", "redis-cli"} {
+		testutil.RequireCommand(t, c)
+	}
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	srv, cli := testutil.Pod(t, b, "redis"), testutil.Pod(t, b, "bench")
+	in.Attach(srv, cli)
+	dir := t.TempDir()
+	start(t, srv, "redis-server", "--port", "6379", "--bind", "0.0.0.0", "--protected-mode", "no",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no")
+	waitPort(t, srv, "0.0.0.0:6379")
+	host := srv.IPv4.String()
+
+	before := in.Counters()
+	const requests, clients = 20000, 10
+	out := run(t, cli, 2*time.Minute, "redis-benchmark", "-h", host, "-p", "6379",
+		"-n", fmt.Sprint(requests), "-c", fmt.Sprint(clients), "-d", "1024", "-t", "set,get", "-q")
+	if !strings.Contains(out, "SET:") || !strings.Contains(out, "GET:") {
+		t.Fatalf("redis-benchmark output lacks results:\n%s", out)
+	}
+	t.Logf("redis-benchmark through the bypass:\n%s", strings.TrimSpace(out))
+	d := testutil.Delta(before, in.Counters())
+	mustAtLeast(t, d, "conns_bypassed", 2*clients)
+	// Every request and every reply, in both tests, redirected.
+	mustAtLeast(t, d, "redirect_msgs", 2*2*requests)
+	mustAtLeast(t, d, "redirect_bytes", 2*requests*1024)
+
+	before = in.Counters()
+	value := strings.Repeat("socklane-", 100000) // 900 kB
+	valueFile := filepath.Join(t.TempDir(), "value")
+	if err := os.WriteFile(valueFile, []byte(value), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, cli, time.Minute, "sh", "-c", "redis-cli -h "+host+" -x set big < "+valueFile)
+	got := run(t, cli, time.Minute, "redis-cli", "-h", host, "get", "big")
+	if strings.TrimSpace(got) != value {
+		t.Fatalf("redis-cli get returned %d bytes, want the %d stored", len(strings.TrimSpace(got)), len(value))
+	}
+	d = testutil.Delta(before, in.Counters())
+	mustAtLeast(t, d, "fallback_blocking", 2)
+	mustEqual(t, d, "redirect_msgs", 0)
+}
+
+// TestNginx serves a random file from nginx to curl across two pods, with
+// and without sendfile, and compares checksums.
+func TestNginx(t *testing.T) {
+	testutil.RequireCommand(t, "nginx")
+	testutil.RequireCommand(t, "curl")
+	for _, sendfile := range []string{"on", "off"} {
+		t.Run("sendfile "+sendfile, func(t *testing.T) {
+			b := testutil.Bed(t)
+			in := testutil.NewInstance(t)
+			srv, cli := testutil.Pod(t, b, "nginx"), testutil.Pod(t, b, "curl")
+			in.Attach(srv, cli)
+			dir := t.TempDir()
+			if err := os.Chmod(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			blob := make([]byte, 32<<20)
+			if _, err := rand.Read(blob); err != nil {
+				t.Fatal(err)
+			}
+			want := sha256.Sum256(blob)
+			if err := os.WriteFile(filepath.Join(dir, "blob"), blob, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			conf := fmt.Sprintf(`daemon off;
+master_process off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log stderr warn;
+events { worker_connections 64; }
+http {
+	access_log off;
+	sendfile %[2]s;
+	client_body_temp_path %[1]s/body;
+	proxy_temp_path %[1]s/proxy;
+	fastcgi_temp_path %[1]s/fastcgi;
+	uwsgi_temp_path %[1]s/uwsgi;
+	scgi_temp_path %[1]s/scgi;
+	server {
+		listen 8080;
+		listen [::]:8080;
+		root %[1]s;
+	}
+}
+`, dir, sendfile)
+			confPath := filepath.Join(dir, "nginx.conf")
+			if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			start(t, srv, "nginx", "-c", confPath, "-p", dir)
+			waitPort(t, srv, "0.0.0.0:8080")
+			before := in.Counters()
+			for _, addr := range []netip.Addr{srv.IPv4, srv.IPv6} {
+				url := "http://" + netip.AddrPortFrom(addr, 8080).String() + "/blob"
+				out := run(t, cli, 2*time.Minute, "sh", "-c", "curl -sS --fail "+url+" | sha256sum")
+				got := strings.Fields(out)
+				if len(got) == 0 || got[0] != hex.EncodeToString(want[:]) {
+					t.Fatalf("%s: sha256 %q, want %x", url, out, want)
+				}
+			}
+			d := testutil.Delta(before, in.Counters())
+			mustAtLeast(t, d, "conns_bypassed", 2)
+			mustAtLeast(t, d, "redirect_bytes", 2*uint64(len(blob)))
+		})
+	}
+}
