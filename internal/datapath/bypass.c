@@ -539,6 +539,21 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 		if (!bpf_map_delete_elem(&sl_sockhash, &st->peer_id))
 			count(SL_C_EVICTIONS, 1);
 	}
+	/* The direction into this socket moved to TCP: leave the map once
+	 * what was redirected is read, so that the receive path, FIONREAD and
+	 * poll are TCP's own again. Our own sends then skip sk_msg too. */
+	if (st->in_map && !st->evict && st->slot != SL_NO_SLOT) {
+		struct sl_conn *c = conn_of(st->slot);
+		if (c && word_gen(c->word) == st->gen && c->path[(st->role ^ 1) & 1] == SL_PATH_TCP) {
+			__u32 out = st->role & 1;
+			st->evict = 1;
+			st->path = SL_PATH_TCP;
+			if (c->path[out] != SL_PATH_TCP) {
+				c->path[out] = SL_PATH_TCP;
+				c->reason[out] = c->reason[out ^ 1];
+			}
+		}
+	}
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
 		 * and not yet read: wait until that is empty. */

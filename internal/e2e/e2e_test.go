@@ -20,8 +20,9 @@ import (
 )
 
 var (
-	integrityConns = flag.Int("integrity.conns", 64, "concurrent connections in integrity tests")
-	integrityBytes = flag.Int64("integrity.bytes", 512<<10, "average bytes per side per connection (64 conns x 2 x this = run size; 8MiB moves ~1GiB)")
+	integrityConns   = flag.Int("integrity.conns", 64, "concurrent connections in integrity tests")
+	integrityBacklog = flag.Int("integrity.backlog", 1<<20, "--backlog-limit for TestBypassIntegrity (0: tcp_rmem max)")
+	integrityBytes   = flag.Int64("integrity.bytes", 512<<10, "average bytes per side per connection (64 conns x 2 x this = run size; 8MiB moves ~1GiB)")
 )
 
 // proc is a process started in a pod.

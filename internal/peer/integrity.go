@@ -265,6 +265,11 @@ func serveOne(i int, fd int, cfg IntegrityConfig) Result {
 		sendDone <- err
 	}()
 	rh, v, rerr := receive(s, true, 0)
+	if rerr != nil && !errors.Is(rerr, unix.ECONNRESET) {
+		// Verification failed: stop, so that the peer's sender is not
+		// left waiting for a reader.
+		_ = s.Reset()
+	}
 	serr := <-sendDone
 	reset := rh.Mode == ModeReset
 	if serr != nil && !reset && rerr == nil {
@@ -347,6 +352,9 @@ func dialOne(ctx context.Context, i int, target netip.AddrPort, cfg IntegrityCon
 		sendDone <- err
 	}()
 	rh, v, rerr := receive(s, false, mode)
+	if rerr != nil {
+		_ = s.Reset()
+	}
 	if serr := <-sendDone; serr != nil && rerr == nil {
 		rerr = fmt.Errorf("sending: %w", serr)
 	}
