@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/spf13/cobra"
@@ -72,41 +73,55 @@ func newPeerCmd() *cobra.Command {
 	}
 	addCfg(server)
 	addCfg(client)
-	echo := &cobra.Command{
-		Use:  "echo ADDR",
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := ctx()
-			defer stop()
-			ln, err := net.Listen("tcp", args[0])
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(os.Stderr, "listening", ln.Addr())
-			return peer.Echo(ctx, ln)
-		},
+	listenCmd := func(use string, serve func(context.Context, net.Listener) error) *cobra.Command {
+		return &cobra.Command{
+			Use:  use + " ADDR",
+			Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				ctx, stop := ctx()
+				defer stop()
+				ln, err := peer.ListenAddr(args[0])
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(os.Stderr, "listening", ln.Addr())
+				return serve(ctx, ln)
+			},
+		}
 	}
+	echo := listenCmd("echo", peer.Echo)
+	sink := listenCmd("sink", peer.Sink)
 	var size, count, warmup int
-	pingpong := &cobra.Command{
-		Use:  "pingpong ADDR:PORT",
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := ctx()
-			defer stop()
-			target, err := netip.ParseAddrPort(args[0])
-			if err != nil {
-				return err
-			}
-			l, err := peer.PingPong(ctx, target, size, count, warmup)
-			if err != nil {
-				return err
-			}
-			return json.NewEncoder(os.Stdout).Encode(l)
-		},
+	var duration time.Duration
+	clientCmd := func(use string, run func(ctx context.Context, addr string) (any, error)) *cobra.Command {
+		c := &cobra.Command{
+			Use:  use + " ADDR",
+			Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				ctx, stop := ctx()
+				defer stop()
+				res, err := run(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				return json.NewEncoder(os.Stdout).Encode(res)
+			},
+		}
+		c.Flags().IntVar(&size, "size", 64, "message size")
+		c.Flags().IntVar(&count, "count", 10000, "round trips, connections or messages (stream: 0 runs for --duration)")
+		return c
 	}
-	pingpong.Flags().IntVar(&size, "size", 64, "message size")
-	pingpong.Flags().IntVar(&count, "count", 10000, "round trips measured")
+	pingpong := clientCmd("pingpong", func(ctx context.Context, addr string) (any, error) {
+		return peer.PingPong(ctx, addr, size, count, warmup)
+	})
 	pingpong.Flags().IntVar(&warmup, "warmup", 100, "round trips before measuring")
-	cmd.AddCommand(server, client, echo, pingpong)
+	stream := clientCmd("stream", func(ctx context.Context, addr string) (any, error) {
+		return peer.Stream(ctx, addr, size, duration, count)
+	})
+	stream.Flags().DurationVar(&duration, "duration", time.Second, "how long to send when --count is 0")
+	connects := clientCmd("connects", func(ctx context.Context, addr string) (any, error) {
+		return peer.Connects(ctx, addr, size, count)
+	})
+	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects)
 	return cmd
 }

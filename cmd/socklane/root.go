@@ -80,6 +80,7 @@ func newRootCmd() *cobra.Command {
 		newConnsCmd(g),
 		newDownCmd(g),
 		newDemoCmd(g),
+		newBenchCmd(g),
 		newPeerCmd(),
 	)
 	return root

@@ -170,3 +170,8 @@ func (d *Datapath) Conns() ([]Conn, error) {
 	}
 	return out, nil
 }
+
+// Programs returns the datapath's programs (for their kernel statistics).
+func (d *Datapath) Programs() []*ebpf.Program {
+	return []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg}
+}

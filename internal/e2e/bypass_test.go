@@ -50,6 +50,7 @@ func TestBypassIntegrity(t *testing.T) {
 			const slow = 4 << 20
 			sum := integrity(t, in.Bin, srv, cli, listen, target, *integrityConns, "--io", "epoll", "--slow-bytes", strconv.Itoa(slow))
 			d := testutil.Delta(before, in.Counters())
+			t.Logf("%d connections, %d bytes sent by the clients, %d redirected, %d through TCP", *integrityConns, sum.Sent, d["redirect_bytes"], d["pass_bytes"])
 			n := uint64(*integrityConns)
 			mustAtLeast(t, d, "established_active", n)
 			mustAtLeast(t, d, "established_passive", n)

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"slices"
 	"time"
 )
 
-// Echo serves ping-pong clients on ln: every byte read is written back.
-func Echo(ctx context.Context, ln net.Listener) error {
+// serveEach accepts connections on ln until ctx ends and handles each in
+// its own goroutine, closing it afterwards.
+func serveEach(ctx context.Context, ln net.Listener, handle func(net.Conn)) error {
 	go func() { <-ctx.Done(); ln.Close() }()
 	for {
 		c, err := ln.Accept()
@@ -23,20 +23,27 @@ func Echo(ctx context.Context, ln net.Listener) error {
 		}
 		go func() {
 			defer c.Close()
-			buf := make([]byte, 256<<10)
-			for {
-				n, err := c.Read(buf)
-				if n > 0 {
-					if _, werr := c.Write(buf[:n]); werr != nil {
-						return
-					}
-				}
-				if err != nil {
+			handle(c)
+		}()
+	}
+}
+
+// Echo serves ping-pong clients on ln: every byte read is written back.
+func Echo(ctx context.Context, ln net.Listener) error {
+	return serveEach(ctx, ln, func(c net.Conn) {
+		buf := make([]byte, 256<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, werr := c.Write(buf[:n]); werr != nil {
 					return
 				}
 			}
-		}()
-	}
+			if err != nil {
+				return
+			}
+		}
+	})
 }
 
 // Latency summarizes round trips in microseconds.
@@ -72,11 +79,10 @@ func Summarize(size int, rtts []time.Duration) Latency {
 
 // PingPong sends count messages of size bytes to an echo server over one
 // connection and times each round trip (after warmup unrecorded ones).
-func PingPong(ctx context.Context, target netip.AddrPort, size, count, warmup int) (Latency, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", target.String())
+func PingPong(ctx context.Context, addr string, size, count, warmup int) (Latency, error) {
+	c, err := DialAddr(ctx, addr)
 	if err != nil {
-		return Latency{}, fmt.Errorf("connecting to %s: %w", target, err)
+		return Latency{}, err
 	}
 	defer c.Close()
 	msg := make([]byte, size)

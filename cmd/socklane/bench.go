@@ -1,0 +1,78 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/socklane/socklane/internal/bench"
+	"github.com/spf13/cobra"
+)
+
+func newBenchCmd(g *globals) *cobra.Command {
+	o := bench.Options{Placements: bench.DefaultPlacements()}
+	var jsonOut, mdOut, svgOut string
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the bypass against the kernel's TCP and AF_UNIX between two pods",
+		Long: `Sets up two pods on a node bridge and runs, with the bypass off and on and over
+AF_UNIX, interleaved and repeated: ping-pong latency and stream throughput per
+message size, the tcp-bypasser 1 KiB echo, and short connections, with client
+and server pinned to one CPU and to two. Reports medians and ratios.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			o.BPFFS = g.bpffs
+			o.Log = g.logger(os.Stderr)
+			o.Progress = os.Stderr
+			rep, err := bench.Run(ctx, o)
+			if err != nil {
+				return err
+			}
+			write := func(path string, f func(*os.File) error) error {
+				if path == "" {
+					return nil
+				}
+				fh, err := os.Create(path)
+				if err != nil {
+					return fmt.Errorf("creating %s: %w", path, err)
+				}
+				if err := f(fh); err != nil {
+					fh.Close()
+					return err
+				}
+				return fh.Close()
+			}
+			if err := write(jsonOut, func(f *os.File) error { return writeJSON(f, rep) }); err != nil {
+				return err
+			}
+			if err := write(svgOut, func(f *os.File) error { rep.SVG(f); return nil }); err != nil {
+				return err
+			}
+			if err := write(mdOut, func(f *os.File) error { rep.Markdown(f); return nil }); err != nil {
+				return err
+			}
+			if g.json() {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(rep)
+			}
+			rep.Markdown(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Reps, "reps", 5, "interleaved repetitions (medians are reported)")
+	f.IntSliceVar(&o.Sizes, "sizes", []int{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536}, "message sizes in bytes")
+	f.IntVar(&o.Count, "count", 20000, "round trips per latency run")
+	f.DurationVar(&o.Duration, "duration", time.Second, "length of each throughput run")
+	f.IntVar(&o.EchoCount, "echo-count", 250000, "echoed 1 KiB requests (the tcp-bypasser experiment)")
+	f.IntVar(&o.Connects, "connects", 2000, "short connections per run")
+	f.StringSliceVar(&o.Kinds, "measure", []string{bench.Latency, bench.Throughput, bench.Echo, bench.Connect}, "measurements: latency, throughput, echo, connect")
+	f.StringVar(&jsonOut, "json", "", "also write the full report as JSON to this file")
+	f.StringVar(&mdOut, "markdown", "", "also write the tables as Markdown to this file")
+	f.StringVar(&svgOut, "svg", "", "also write a chart of bypass/TCP ratios as SVG to this file")
+	return cmd
+}

@@ -1,0 +1,437 @@
+// Package bench measures what the bypass buys on this node: the seed
+// articles' measurements (ping-pong latency, stream throughput, the
+// tcp-bypasser 1 KiB echo, short connections) run between two pods with the
+// bypass off and on, interleaved and repeated, beside an AF_UNIX reference
+// between the same two pods' processes.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/bpffs"
+	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/testbed"
+	"golang.org/x/sys/unix"
+)
+
+// Kinds of measurement.
+const (
+	Latency    = "latency"    // ping-pong round trips per size
+	Throughput = "throughput" // one-way stream per size
+	Echo       = "echo"       // tcp-bypasser: echoed 1 KiB requests
+	Connect    = "connect"    // connect + one request + close
+)
+
+// Paths compared in every measurement.
+const (
+	PathTCP    = "tcp"    // bypass detached: the kernel's TCP/IP stack
+	PathBypass = "bypass" // socklane attached
+	PathUnix   = "unix"   // AF_UNIX stream socket, same processes' pods
+)
+
+// Placement of client and server.
+type Placement struct {
+	Name      string `json:"name"`
+	ClientCPU int    `json:"client_cpu"`
+	ServerCPU int    `json:"server_cpu"`
+}
+
+// Options of a benchmark run.
+type Options struct {
+	BPFFS      string
+	Reps       int           // interleaved repetitions
+	Sizes      []int         // message sizes
+	Count      int           // round trips per latency run
+	Duration   time.Duration // per throughput run
+	EchoCount  int           // echoed requests (tcp-bypasser: 250000)
+	Connects   int           // short connections per run
+	Kinds      []string      // which measurements
+	Placements []Placement
+	Progress   io.Writer // progress line (nil: none)
+	Log        *slog.Logger
+}
+
+// DefaultPlacements pins both ends to one CPU, then to two.
+func DefaultPlacements() []Placement {
+	return []Placement{{"same-cpu", 0, 0}, {"cross-cpu", 0, 1}}
+}
+
+// Sample is one run of one path.
+type Sample struct {
+	Mean, P50, P99, P999, Max float64 // microseconds (latency kinds)
+	MBps, MsgRate             float64 // throughput
+	Redirected                uint64  // messages the datapath redirected during the run
+}
+
+// Case is one measurement at one size and placement, all repetitions.
+type Case struct {
+	Kind      string              `json:"kind"`
+	Size      int                 `json:"size"`
+	Placement string              `json:"placement"`
+	Samples   map[string][]Sample `json:"samples"`
+}
+
+// ProgStat is the kernel's run-time statistics of one program.
+type ProgStat struct {
+	Name  string  `json:"name"`
+	Runs  uint64  `json:"runs"`
+	NsRun float64 `json:"ns_per_run"`
+}
+
+// Report is the whole result.
+type Report struct {
+	Started  time.Time  `json:"started"`
+	Kernel   string     `json:"kernel"`
+	CPUs     int        `json:"cpus"`
+	Reps     int        `json:"reps"`
+	Scenario string     `json:"scenario"`
+	Cases    []*Case    `json:"cases"`
+	Programs []ProgStat `json:"programs,omitempty"`
+}
+
+// Run sets up two pods, runs every case and returns the report.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if err := agent.RequireRoot(); err != nil {
+		return nil, err
+	}
+	if _, err := agent.ResolveTargets(nil); err != nil {
+		return nil, err
+	}
+	if err := agent.Probe(); err != nil {
+		return nil, err
+	}
+	if err := bpffs.Ensure(o.BPFFS); err != nil {
+		return nil, err
+	}
+	if o.Reps < 1 || o.Count < 1 || len(o.Sizes) == 0 {
+		return nil, errors.New("bench: need at least one repetition, one round trip and one size")
+	}
+	for _, p := range o.Placements {
+		if p.ClientCPU >= cpus() || p.ServerCPU >= cpus() {
+			return nil, fmt.Errorf("placement %s needs CPU %d, this machine has %d", p.Name, max(p.ClientCPU, p.ServerCPU), cpus())
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding own executable: %w", err)
+	}
+	bed, err := testbed.New()
+	if err != nil {
+		return nil, fmt.Errorf("creating pods: %w", err)
+	}
+	defer func() {
+		if err := bed.Close(); err != nil {
+			o.Log.Warn("cleaning up pods", "err", err)
+		}
+	}()
+	client, err := bed.AddPod("client")
+	if err != nil {
+		return nil, err
+	}
+	server, err := bed.AddPod("server")
+	if err != nil {
+		return nil, err
+	}
+	pinDir := filepath.Join(o.BPFFS, "socklane-bench-"+strconv.Itoa(os.Getpid()))
+	dp, err := datapath.Open(datapath.Config{PinDir: pinDir})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		dp.Close()
+		if _, err := agent.Down(pinDir, true, 0, o.Log); err != nil {
+			o.Log.Warn("removing bench datapath", "err", err)
+		}
+	}()
+	sockDir, err := os.MkdirTemp("", "socklane-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(sockDir)
+
+	r := &runner{o: o, self: self, client: client, server: server, dp: dp, ctx: ctx}
+	// One echo server and one sink per placement, TCP and AF_UNIX.
+	for i, p := range o.Placements {
+		for _, kind := range []string{"echo", "sink"} {
+			port := 7000 + 10*i
+			if kind == "sink" {
+				port++
+			}
+			tcp := netip.AddrPortFrom(server.IPv4, uint16(port)).String()
+			unixAddr := "unix:" + filepath.Join(sockDir, fmt.Sprintf("%s-%d.sock", kind, i))
+			for _, listen := range []string{fmt.Sprintf("0.0.0.0:%d", port), unixAddr} {
+				if err := r.startServer(p.ServerCPU, kind, listen); err != nil {
+					return nil, err
+				}
+			}
+			r.addrs = append(r.addrs, serverAddrs{placement: p.Name, kind: kind, tcp: tcp, unix: unixAddr})
+		}
+	}
+	defer r.stopServers()
+
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		o.Log.Warn("BPF run-time statistics unavailable", "err", err)
+	} else {
+		defer stats.Close()
+	}
+	progBefore := progStats(dp)
+
+	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, Scenario: "pod to pod over the node bridge (bridge-nf on), IPv4"}
+	cases := r.cases()
+	rep.Cases = cases
+	total := o.Reps * len(cases) * 3
+	done := 0
+	for rep := 0; rep < o.Reps; rep++ {
+		for _, c := range cases {
+			for _, path := range []string{PathTCP, PathBypass, PathUnix} {
+				s, err := r.measure(c, path)
+				if err != nil {
+					return nil, fmt.Errorf("%s %d B %s over %s: %w", c.Kind, c.Size, c.Placement, path, err)
+				}
+				c.Samples[path] = append(c.Samples[path], s)
+				done++
+				progress(o.Progress, done, total, c, path)
+			}
+		}
+	}
+	if o.Progress != nil {
+		fmt.Fprintln(o.Progress)
+	}
+	if _, err := dp.DetachAll(); err != nil {
+		return nil, err
+	}
+	rep.Programs = progDelta(progBefore, progStats(dp))
+	return rep, nil
+}
+
+type serverAddrs struct {
+	placement, kind string
+	tcp, unix       string
+}
+
+type runner struct {
+	o              Options
+	self           string
+	client, server *testbed.Pod
+	dp             *datapath.Datapath
+	ctx            context.Context
+	servers        []*exec.Cmd
+	addrs          []serverAddrs
+}
+
+func (r *runner) startServer(cpu int, kind, listen string) error {
+	cmd, err := r.server.Command("taskset", "-c", strconv.Itoa(cpu), r.self, "peer", kind, listen)
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s server: %w", kind, err)
+	}
+	r.servers = append(r.servers, cmd)
+	return nil
+}
+
+func (r *runner) stopServers() {
+	for _, c := range r.servers {
+		_ = c.Process.Kill()
+		_ = c.Wait()
+	}
+}
+
+func (r *runner) cases() []*Case {
+	var cs []*Case
+	add := func(kind string, size int) {
+		for _, p := range r.o.Placements {
+			cs = append(cs, &Case{Kind: kind, Size: size, Placement: p.Name, Samples: map[string][]Sample{}})
+		}
+	}
+	for _, k := range r.o.Kinds {
+		switch k {
+		case Latency, Throughput:
+			for _, s := range r.o.Sizes {
+				add(k, s)
+			}
+		case Echo:
+			add(k, 1024)
+		case Connect:
+			add(k, 64)
+		}
+	}
+	return cs
+}
+
+func (r *runner) addr(c *Case, path string) string {
+	kind := "echo"
+	if c.Kind == Throughput {
+		kind = "sink"
+	}
+	for _, a := range r.addrs {
+		if a.placement == c.Placement && a.kind == kind {
+			if path == PathUnix {
+				return a.unix
+			}
+			return a.tcp
+		}
+	}
+	return ""
+}
+
+func (r *runner) clientCPU(c *Case) int {
+	for _, p := range r.o.Placements {
+		if p.Name == c.Placement {
+			return p.ClientCPU
+		}
+	}
+	return 0
+}
+
+// measure runs one case over one path and checks, from the datapath's
+// counters, that the bytes took that path.
+func (r *runner) measure(c *Case, path string) (Sample, error) {
+	if path == PathBypass {
+		for _, p := range []*testbed.Pod{r.client, r.server} {
+			if _, err := r.dp.Attach(p.Cgroup, p.CgroupID); err != nil {
+				return Sample{}, err
+			}
+		}
+	} else if _, err := r.dp.DetachAll(); err != nil {
+		return Sample{}, err
+	}
+	before, err := r.dp.Counters()
+	if err != nil {
+		return Sample{}, err
+	}
+	addr := r.addr(c, path)
+	var args []string
+	switch c.Kind {
+	case Latency:
+		args = []string{"pingpong", addr, "--size", strconv.Itoa(c.Size), "--count", strconv.Itoa(r.o.Count), "--warmup", strconv.Itoa(min(1000, r.o.Count/10+1))}
+	case Echo:
+		args = []string{"pingpong", addr, "--size", "1024", "--count", strconv.Itoa(r.o.EchoCount), "--warmup", "0"}
+	case Connect:
+		args = []string{"connects", addr, "--size", "64", "--count", strconv.Itoa(r.o.Connects)}
+	case Throughput:
+		args = []string{"stream", addr, "--size", strconv.Itoa(c.Size), "--count", "0", "--duration", r.o.Duration.String()}
+	}
+	out, err := r.peer(r.clientCPU(c), args...)
+	if err != nil {
+		return Sample{}, err
+	}
+	var s Sample
+	var raw map[string]float64
+	if err := json.Unmarshal(out, &raw); err != nil {
+		return s, fmt.Errorf("parsing %q: %w", out, err)
+	}
+	s.Mean, s.P50, s.P99, s.P999, s.Max = raw["mean_us"], raw["p50_us"], raw["p99_us"], raw["p999_us"], raw["max_us"]
+	s.MBps, s.MsgRate = raw["mb_per_s"], raw["msgs_per_s"]
+	after, err := r.dp.Counters()
+	if err != nil {
+		return s, err
+	}
+	s.Redirected = after["redirect_msgs"] - before["redirect_msgs"]
+	switch {
+	case path == PathBypass && s.Redirected == 0:
+		return s, errors.New("bypass attached, yet no message was redirected")
+	case path != PathBypass && s.Redirected != 0:
+		return s, fmt.Errorf("bypass detached, yet %d messages were redirected", s.Redirected)
+	}
+	return s, nil
+}
+
+func (r *runner) peer(cpu int, args ...string) ([]byte, error) {
+	cmd, err := r.client.Command("taskset", append([]string{"-c", strconv.Itoa(cpu), r.self, "peer"}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Minute)
+	defer cancel()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return nil, fmt.Errorf("peer %v: %w: %s", args, err, errb.String())
+		}
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-done
+		return nil, fmt.Errorf("peer %v: %w", args, ctx.Err())
+	}
+	return out.Bytes(), nil
+}
+
+func progress(w io.Writer, done, total int, c *Case, path string) {
+	if w == nil {
+		return
+	}
+	const width = 30
+	n := done * width / total
+	bar := bytes.Repeat([]byte("#"), n)
+	bar = append(bar, bytes.Repeat([]byte("."), width-n)...)
+	fmt.Fprintf(w, "\r[%s] %3d%% %-10s %6d B %-9s %-6s", bar, done*100/total, c.Kind, c.Size, c.Placement, path)
+}
+
+func progStats(dp *datapath.Datapath) map[string]ProgStat {
+	out := map[string]ProgStat{}
+	for _, p := range dp.Programs() {
+		info, err := p.Info()
+		if err != nil {
+			continue
+		}
+		st, err := p.Stats()
+		if err != nil {
+			continue
+		}
+		out[info.Name] = ProgStat{Name: info.Name, Runs: st.RunCount, NsRun: float64(st.Runtime.Nanoseconds())}
+	}
+	return out
+}
+
+func progDelta(before, after map[string]ProgStat) []ProgStat {
+	var out []ProgStat
+	for name, a := range after {
+		b := before[name]
+		runs := a.Runs - b.Runs
+		if runs == 0 {
+			continue
+		}
+		out = append(out, ProgStat{Name: name, Runs: runs, NsRun: (a.NsRun - b.NsRun) / float64(runs)})
+	}
+	return out
+}
+
+func kernel() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+func cpus() int {
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) != nil {
+		return 1
+	}
+	return set.Count()
+}

@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// Median of one field over a path's samples.
+func (c *Case) Median(path string, f func(Sample) float64) float64 {
+	var v []float64
+	for _, s := range c.Samples[path] {
+		v = append(v, f(s))
+	}
+	return median(v)
+}
+
+func mean(s Sample) float64 { return s.Mean }
+func p999(s Sample) float64 { return s.P999 }
+func mbps(s Sample) float64 { return s.MBps }
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+// Markdown writes the report's tables.
+func (r *Report) Markdown(w io.Writer) {
+	fmt.Fprintf(w, "Kernel %s, %d CPUs, %s; medians of %d interleaved repetitions (TCP, bypass, AF_UNIX).\n", r.Kernel, r.CPUs, r.Scenario, r.Reps)
+	for _, kind := range []string{Latency, Echo, Connect, Throughput} {
+		for _, pl := range r.placements() {
+			var rows []*Case
+			for _, c := range r.Cases {
+				if c.Kind == kind && c.Placement == pl {
+					rows = append(rows, c)
+				}
+			}
+			if len(rows) == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "\n### %s, %s\n\n", title(kind), pl)
+			if kind == Throughput {
+				fmt.Fprintln(w, "| size (B) | TCP MB/s | bypass MB/s | AF_UNIX MB/s | bypass / TCP | bypass / AF_UNIX |")
+				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
+				for _, c := range rows {
+					t, b, u := c.Median(PathTCP, mbps), c.Median(PathBypass, mbps), c.Median(PathUnix, mbps)
+					fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s |\n", c.Size, t, b, u, ratio(b, t), ratio(b, u))
+				}
+				continue
+			}
+			fmt.Fprintln(w, "| size (B) | TCP mean us | bypass mean us | AF_UNIX mean us | bypass / TCP | bypass / AF_UNIX | TCP p99.9 us | bypass p99.9 us |")
+			fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+			for _, c := range rows {
+				t, b, u := c.Median(PathTCP, mean), c.Median(PathBypass, mean), c.Median(PathUnix, mean)
+				fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s | %.1f | %.1f |\n", c.Size, t, b, u, ratio(b, t), ratio(b, u),
+					c.Median(PathTCP, p999), c.Median(PathBypass, p999))
+			}
+		}
+	}
+	if len(r.Programs) > 0 {
+		fmt.Fprintln(w, "\n### BPF program cost (kernel run-time statistics, all bypass runs)")
+		fmt.Fprintln(w, "\n| program | runs | ns per run |")
+		fmt.Fprintln(w, "|---|---:|---:|")
+		for _, p := range r.Programs {
+			fmt.Fprintf(w, "| %s | %d | %.0f |\n", p.Name, p.Runs, p.NsRun)
+		}
+	}
+}
+
+func title(kind string) string {
+	switch kind {
+	case Latency:
+		return "Round-trip latency (ping-pong)"
+	case Echo:
+		return "tcp-bypasser echo (1 KiB requests)"
+	case Connect:
+		return "Short connections (connect + 64 B request + close)"
+	}
+	return "One-way stream throughput"
+}
+
+func (r *Report) placements() []string {
+	var out []string
+	for _, c := range r.Cases {
+		if !slices.Contains(out, c.Placement) {
+			out = append(out, c.Placement)
+		}
+	}
+	return out
+}
+
+// SVG draws bypass/TCP per size: latency (lower is better) and throughput
+// (higher is better), one bar per placement, with the parity line.
+func (r *Report) SVG(w io.Writer) {
+	type bar struct {
+		label string
+		v     float64
+	}
+	var groups [][]bar
+	var names []string
+	for _, kind := range []string{Latency, Throughput} {
+		for _, pl := range r.placements() {
+			var g []bar
+			for _, c := range r.Cases {
+				if c.Kind != kind || c.Placement != pl {
+					continue
+				}
+				f := mean
+				if kind == Throughput {
+					f = mbps
+				}
+				t, b := c.Median(PathTCP, f), c.Median(PathBypass, f)
+				if t > 0 {
+					g = append(g, bar{fmt.Sprint(c.Size), b / t})
+				}
+			}
+			if len(g) > 0 {
+				groups = append(groups, g)
+				names = append(names, fmt.Sprintf("%s bypass/TCP, %s", kind, pl))
+			}
+		}
+	}
+	const rowH, left, barW, gap = 170, 60, 34, 8
+	width := left + 20
+	for _, g := range groups {
+		width = max(width, left+len(g)*(barW+gap)+20)
+	}
+	height := len(groups)*rowH + 20
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	for i, g := range groups {
+		top := 10 + i*rowH
+		maxV := 2.0
+		for _, x := range g {
+			maxV = max(maxV, x.v)
+		}
+		scale := float64(rowH-50) / maxV
+		base := top + rowH - 30
+		fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="13">%s</text>`+"\n", left, top+12, names[i])
+		one := base - int(scale)
+		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="#c00" stroke-dasharray="4"/><text x="4" y="%d">1.0</text>`+"\n", left-5, width-10, one, one, one+4)
+		for j, x := range g {
+			h := int(x.v * scale)
+			xp := left + j*(barW+gap)
+			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="#3572b0"/>`+"\n", xp, base-h, barW, h)
+			fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">%.2f</text>`+"\n", xp+barW/2, base-h-3, x.v)
+			fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n", xp+barW/2, base+14, x.label)
+		}
+	}
+	b.WriteString("</svg>\n")
+	io.WriteString(w, b.String())
+}
