@@ -24,6 +24,7 @@ import (
 	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 	"golang.org/x/sys/unix"
 )
@@ -196,7 +197,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep.Cases = cases
 	total := o.Reps * len(cases) * 3
 	done := 0
-	for rep := 0; rep < o.Reps; rep++ {
+	for range o.Reps {
 		for _, c := range cases {
 			for _, path := range []string{PathTCP, PathBypass, PathUnix} {
 				s, err := r.measure(c, path)
@@ -333,12 +334,19 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 		return Sample{}, err
 	}
 	var s Sample
-	var raw map[string]float64
-	if err := json.Unmarshal(out, &raw); err != nil {
-		return s, fmt.Errorf("parsing %q: %w", out, err)
+	if c.Kind == Throughput {
+		var tp peer.Throughput
+		if err := json.Unmarshal(out, &tp); err != nil {
+			return s, fmt.Errorf("parsing %q: %w", out, err)
+		}
+		s.MBps, s.MsgRate = tp.MBps, tp.MsgRate
+	} else {
+		var l peer.Latency
+		if err := json.Unmarshal(out, &l); err != nil {
+			return s, fmt.Errorf("parsing %q: %w", out, err)
+		}
+		s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
 	}
-	s.Mean, s.P50, s.P99, s.P999, s.Max = raw["mean_us"], raw["p50_us"], raw["p99_us"], raw["p999_us"], raw["max_us"]
-	s.MBps, s.MsgRate = raw["mb_per_s"], raw["msgs_per_s"]
 	after, err := r.dp.Counters()
 	if err != nil {
 		return s, err

@@ -629,10 +629,6 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 			count(SL_C_FALLBACK_EARLY_DATA, 1);
 			return;
 		}
-		/* A server that reads in blocking mode, before anything went
-		 * through the bypass either way: both directions use TCP and
-		 * both sockets leave the map (each queue is empty, and the
-		 * client leaves only once it checked that again). */
 		if (c->path[SL_ROLE_CLIENT] == SL_PATH_TCP) {
 			/* The server already took the connection to TCP. */
 			st->path = SL_PATH_TCP;
@@ -650,9 +646,6 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 		c->path[SL_ROLE_CLIENT] = SL_PATH_BYPASS;
 		return;
 	}
-	/* The server did not join (remote, unmanaged, or not yet accepted):
-	 * the whole connection stays on TCP and the client leaves the map at
-	 * its next transmit. Nobody ever redirected to it. */
 	/* Kept on TCP for a blocking end: learn what the server really is, if
 	 * it was accepted already, so that a listener mispredicted as blocking
 	 * does not stay so. */
@@ -661,6 +654,9 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 		if (b >= 0)
 			note_listener(c, b);
 	}
+	/* The server did not join (remote, unmanaged, or not yet accepted):
+	 * the whole connection stays on TCP and the client leaves the map at
+	 * its next transmit. Nobody ever redirected to it. */
 	if (state == SL_CONN_TCP && before == SL_CONN_PENDING) {
 		count(SL_C_CONNS_TCP, 1);
 		count(SL_C_FALLBACK_PEER_NOT_READY, 1);
