@@ -56,6 +56,9 @@ func newAttachCmd(g *globals) *cobra.Command {
 			if err := agent.RequireRoot(); err != nil {
 				return err
 			}
+			if err := set.config(g, nil).Validate(); err != nil {
+				return err
+			}
 			target, err := t.resolve()
 			if err != nil {
 				return err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/socklane/socklane/internal/bench"
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/spf13/cobra"
 )
 
@@ -71,6 +72,7 @@ and server pinned to one CPU and to two. Reports medians and ratios.`,
 	f.IntVar(&o.EchoCount, "echo-count", 250000, "echoed 1 KiB requests (the tcp-bypasser experiment)")
 	f.IntVar(&o.Connects, "connects", 2000, "short connections per run")
 	f.StringSliceVar(&o.Kinds, "measure", []string{bench.Latency, bench.Throughput, bench.Echo, bench.Connect}, "measurements: latency, throughput, echo, connect")
+	f.Uint32Var(&o.VerdictWindow, "verdict-window", datapath.DefaultVerdictWindow, "the bypass's verdict window in bytes (0: a verdict per send)")
 	f.StringVar(&jsonOut, "json", "", "also write the full report as JSON to this file")
 	f.StringVar(&mdOut, "markdown", "", "also write the tables as Markdown to this file")
 	f.StringVar(&svgOut, "svg", "", "also write a chart of bypass/TCP ratios as SVG to this file")

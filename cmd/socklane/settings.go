@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/spf13/cobra"
 )
 
@@ -11,13 +12,15 @@ import (
 type settingsFlags struct {
 	backlog  uint32
 	blocking string
+	window   uint32
 }
 
 func (s *settingsFlags) add(cmd *cobra.Command) {
 	cmd.Flags().Uint32Var(&s.backlog, "backlog-limit", 0, "receiver backlog in bytes above which a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)")
+	cmd.Flags().Uint32Var(&s.window, "verdict-window", datapath.DefaultVerdictWindow, "sends smaller than this many bytes redirect under one verdict for the next this-many bytes (0: a verdict per send)")
 	cmd.Flags().StringVar(&s.blocking, "blocking-sockets", "tcp", "connections with an end reading in blocking mode: tcp (the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN) or bypass")
 }
 
 func (s *settingsFlags) config(g *globals, cgroups []string) agent.Config {
-	return agent.Config{BPFFS: g.bpffs, PinName: g.name, Cgroups: cgroups, BacklogLimit: s.backlog, BlockingSockets: s.blocking}
+	return agent.Config{BPFFS: g.bpffs, PinName: g.name, Cgroups: cgroups, BacklogLimit: s.backlog, BlockingSockets: s.blocking, VerdictWindow: s.window}
 }

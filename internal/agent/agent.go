@@ -29,6 +29,8 @@ type Config struct {
 	// BlockingSockets is what happens to connections with an end in
 	// blocking mode: "tcp" (default) or "bypass".
 	BlockingSockets string
+	// VerdictWindow: see datapath.Config.
+	VerdictWindow uint32
 }
 
 // Validate checks the settings that do not need the kernel.
@@ -37,6 +39,9 @@ func (c Config) Validate() error {
 	case "", "tcp", "bypass":
 	default:
 		return fmt.Errorf("--blocking-sockets %q: want tcp or bypass", c.BlockingSockets)
+	}
+	if c.VerdictWindow > datapath.MaxVerdictWindow {
+		return fmt.Errorf("--verdict-window %d: want at most %d bytes (0 runs a verdict per send)", c.VerdictWindow, datapath.MaxVerdictWindow)
 	}
 	return nil
 }
@@ -127,7 +132,7 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
 		return nil, err
 	}
-	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), BacklogLimit: cfg.BacklogLimit, BypassBlocking: cfg.BlockingSockets == "bypass"})
+	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), BacklogLimit: cfg.BacklogLimit, BypassBlocking: cfg.BlockingSockets == "bypass", VerdictWindow: cfg.VerdictWindow})
 	if err != nil {
 		return nil, err
 	}

@@ -62,8 +62,10 @@ type Options struct {
 	Connects   int           // short connections per run
 	Kinds      []string      // which measurements
 	Placements []Placement
-	Progress   io.Writer // progress line (nil: none)
-	Log        *slog.Logger
+	// VerdictWindow is the datapath's verdict window (see datapath.Config).
+	VerdictWindow uint32
+	Progress      io.Writer // progress line (nil: none)
+	Log           *slog.Logger
 }
 
 // DefaultPlacements pins both ends to one CPU, then to two.
@@ -148,7 +150,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	pinDir := filepath.Join(o.BPFFS, "socklane-bench-"+strconv.Itoa(os.Getpid()))
-	dp, err := datapath.Open(datapath.Config{PinDir: pinDir})
+	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: o.VerdictWindow})
 	if err != nil {
 		return nil, err
 	}

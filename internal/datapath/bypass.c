@@ -48,6 +48,13 @@ const volatile __u32 backlog_limit = 6 << 20;
  * plain TCP never does. 0: bypass them anyway. */
 const volatile __u32 blocking_tcp = 1;
 
+/* Sends smaller than this many bytes redirect under one verdict for the
+ * next verdict_window bytes (bpf_msg_apply_bytes): the kernel then moves
+ * them without running sl_msg, which is most of a small send's cost. The
+ * program runs again once the window is used up, so every decision (backlog,
+ * fallback) is at most one window late. 0: a verdict per send. */
+const volatile __u32 verdict_window = 4096;
+
 /* Kernel types read through BTF (CO-RE); only the fields used. */
 struct file {
 	unsigned int f_flags;
@@ -65,8 +72,10 @@ struct sock {
 
 #define SL_O_NONBLOCK 04000
 
-/* Bytes redirected into a socket and not yet read. */
+/* msg_tot_len: bytes redirected into a socket and not yet read.
+ * apply_bytes: what is left of the socket's open verdict window. */
 struct sk_psock {
+	__u32 apply_bytes;
 	__u32 msg_tot_len;
 } __attribute__((preserve_access_index));
 
@@ -178,17 +187,31 @@ static __always_inline int sock_blocking(struct sock *sk)
 	return !(f->f_flags & SL_O_NONBLOCK);
 }
 
-/* Bytes redirected into sk and not yet read by its application. */
-static __always_inline __u32 queued_bytes(struct sock *sk)
+static __always_inline struct sk_psock *psock_of(struct sock *sk)
 {
 	if (!sk)
 		return 0;
-	unsigned long ud = (unsigned long)sk->sk_user_data & SL_USER_DATA_PTRMASK;
-	if (!ud)
-		return 0;
+	return (struct sk_psock *)((unsigned long)sk->sk_user_data & SL_USER_DATA_PTRMASK);
+}
+
+/* Bytes redirected into sk and not yet read by its application. */
+static __always_inline __u32 queued_bytes(struct sock *sk)
+{
+	struct sk_psock *ps = psock_of(sk);
 	__u32 queued = 0;
-	bpf_core_read(&queued, sizeof(queued), &((struct sk_psock *)ud)->msg_tot_len);
+	if (ps)
+		bpf_core_read(&queued, sizeof(queued), &ps->msg_tot_len);
 	return queued;
+}
+
+/* Bytes sk may still redirect under its open verdict window. */
+static __always_inline __u32 window_left(struct sock *sk)
+{
+	struct sk_psock *ps = psock_of(sk);
+	__u32 left = 0;
+	if (ps)
+		bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
+	return left;
 }
 
 static __always_inline struct sock *member_sock(__u32 slot, __u32 role)
@@ -367,6 +390,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->in_map = 0;
 	st->evict_peer = 0;
 	st->checked = 0;
+	st->win_left = 0;
 	c->server_netns = 0;
 
 	/* The client must be in the map before it is findable: the server
@@ -423,6 +447,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	st->in_map = 0;
 	st->evict_peer = 0;
 	st->checked = 0;
+	st->win_left = 0;
 	c->server_netns = bpf_get_netns_cookie(skops);
 	set_member_sock(sk, slot, SL_ROLE_SERVER);
 
@@ -556,8 +581,11 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 	}
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
-		 * and not yet read: wait until that is empty. */
-		if (st->in_map && queued_bytes((struct sock *)bpf_skc_to_tcp_sock(sk)))
+		 * and not yet read: wait until that is empty, and until the
+		 * peer's verdict window, which would redirect to a socket no
+		 * longer in the map (EPIPE), is closed. */
+		if (st->in_map && (queued_bytes((struct sock *)bpf_skc_to_tcp_sock(sk)) ||
+				   window_left(member_sock(st->slot, st->role ^ 1))))
 			return;
 		st->evict = 0;
 		if (st->in_map && !bpf_map_delete_elem(&sl_sockhash, &st->self_id))
@@ -699,6 +727,13 @@ static __always_inline int peer_backlogged(__u32 slot, __u32 peer_role)
 	return queued > (__u32)limit;
 }
 
+/* Bytes moved socket to socket in direction dir. */
+static __always_inline void credit(struct sl_conn *c, __u32 dir, __u32 n)
+{
+	c->bytes[dir & 1] += n;
+	count(SL_C_REDIRECT_BYTES, n);
+}
+
 SEC("sk_msg")
 int sl_msg(struct sk_msg_md *msg)
 {
@@ -711,6 +746,12 @@ int sl_msg(struct sk_msg_md *msg)
 		return SK_PASS;
 	__u32 dir = st->role & 1;
 
+	if (st->win_left) {
+		/* The program runs again only once the kernel used up the
+		 * window opened by the previous verdict: count the rest of it. */
+		credit(c, dir, st->win_left);
+		st->win_left = 0;
+	}
 	if (st->path == SL_PATH_UNDECIDED)
 		decide_client(msg, st, c);
 	else if (!st->checked && dir == SL_ROLE_SERVER)
@@ -725,11 +766,12 @@ int sl_msg(struct sk_msg_md *msg)
 		if (!peer_backlogged(st->slot, dir ^ 1)) {
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
 				c->msgs[dir]++;
-				c->bytes[dir] += len;
-				struct sl_counters *cnt = counters();
-				if (cnt) {
-					cnt->c[SL_C_REDIRECT_MSGS]++;
-					cnt->c[SL_C_REDIRECT_BYTES] += len;
+				count(SL_C_REDIRECT_MSGS, 1);
+				credit(c, dir, len);
+				if (verdict_window && len < verdict_window &&
+				    !bpf_msg_apply_bytes(msg, verdict_window)) {
+					st->win_left = verdict_window - len;
+					count(SL_C_REDIRECT_WINDOWS, 1);
 				}
 				return SK_PASS;
 			}

@@ -52,25 +52,26 @@ const (
 	bypassSlCounterSL_C_CONNS_TCP               bypassSlCounter = 3
 	bypassSlCounterSL_C_REDIRECT_MSGS           bypassSlCounter = 4
 	bypassSlCounterSL_C_REDIRECT_BYTES          bypassSlCounter = 5
-	bypassSlCounterSL_C_PASS_MSGS               bypassSlCounter = 6
-	bypassSlCounterSL_C_PASS_BYTES              bypassSlCounter = 7
-	bypassSlCounterSL_C_FALLBACK_PEER_NOT_READY bypassSlCounter = 8
-	bypassSlCounterSL_C_FALLBACK_EARLY_DATA     bypassSlCounter = 9
-	bypassSlCounterSL_C_FALLBACK_BACKLOG        bypassSlCounter = 10
-	bypassSlCounterSL_C_FALLBACK_PEER_GONE      bypassSlCounter = 11
-	bypassSlCounterSL_C_FALLBACK_BLOCKING       bypassSlCounter = 12
-	bypassSlCounterSL_C_EVICTIONS               bypassSlCounter = 13
-	bypassSlCounterSL_C_CLOSED                  bypassSlCounter = 14
-	bypassSlCounterSL_C_ERR_SOCKHASH            bypassSlCounter = 15
-	bypassSlCounterSL_C_ERR_CONN_TABLE_FULL     bypassSlCounter = 16
-	bypassSlCounterSL_C_ERR_INDEX               bypassSlCounter = 17
-	bypassSlCounterSL_C_ERR_STORAGE             bypassSlCounter = 18
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 19
+	bypassSlCounterSL_C_REDIRECT_WINDOWS        bypassSlCounter = 6
+	bypassSlCounterSL_C_PASS_MSGS               bypassSlCounter = 7
+	bypassSlCounterSL_C_PASS_BYTES              bypassSlCounter = 8
+	bypassSlCounterSL_C_FALLBACK_PEER_NOT_READY bypassSlCounter = 9
+	bypassSlCounterSL_C_FALLBACK_EARLY_DATA     bypassSlCounter = 10
+	bypassSlCounterSL_C_FALLBACK_BACKLOG        bypassSlCounter = 11
+	bypassSlCounterSL_C_FALLBACK_PEER_GONE      bypassSlCounter = 12
+	bypassSlCounterSL_C_FALLBACK_BLOCKING       bypassSlCounter = 13
+	bypassSlCounterSL_C_EVICTIONS               bypassSlCounter = 14
+	bypassSlCounterSL_C_CLOSED                  bypassSlCounter = 15
+	bypassSlCounterSL_C_ERR_SOCKHASH            bypassSlCounter = 16
+	bypassSlCounterSL_C_ERR_CONN_TABLE_FULL     bypassSlCounter = 17
+	bypassSlCounterSL_C_ERR_INDEX               bypassSlCounter = 18
+	bypassSlCounterSL_C_ERR_STORAGE             bypassSlCounter = 19
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 20
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [19]uint64
+	C [20]uint64
 }
 
 type bypassSlListener struct {
@@ -109,6 +110,8 @@ type bypassSlSock struct {
 	EvictPeer uint8
 	Checked   uint8
 	Pad       uint16
+	WinLeft   uint32
+	Pad2      uint32
 }
 
 type bypassSlTuple struct {
@@ -138,6 +141,7 @@ const (
 	bypassVarBacklogLimit  = "backlog_limit"
 	bypassVarBlockingTcp   = "blocking_tcp"
 	bypassVarSlEnumsUnused = "sl_enums_unused"
+	bypassVarVerdictWindow = "verdict_window"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -207,6 +211,7 @@ type bypassVariableSpecs struct {
 	BacklogLimit  *ebpf.VariableSpec `ebpf:"backlog_limit"`
 	BlockingTcp   *ebpf.VariableSpec `ebpf:"blocking_tcp"`
 	SlEnumsUnused *ebpf.VariableSpec `ebpf:"sl_enums_unused"`
+	VerdictWindow *ebpf.VariableSpec `ebpf:"verdict_window"`
 }
 
 // bypassObjects contains all objects after they have been loaded into the kernel.
@@ -259,6 +264,7 @@ type bypassVariables struct {
 	BacklogLimit  *ebpf.Variable `ebpf:"backlog_limit"`
 	BlockingTcp   *ebpf.Variable `ebpf:"blocking_tcp"`
 	SlEnumsUnused *ebpf.Variable `ebpf:"sl_enums_unused"`
+	VerdictWindow *ebpf.Variable `ebpf:"verdict_window"`
 }
 
 // bypassPrograms contains all programs after they have been loaded into the kernel.

@@ -34,7 +34,18 @@ type Config struct {
 	// Off by default: the kernel's sockmap receive path turns a blocking
 	// read interrupted by a signal into EAGAIN, which plain TCP never does.
 	BypassBlocking bool
+	// VerdictWindow: a send smaller than this many bytes redirects under
+	// one verdict for the next VerdictWindow bytes, which the kernel then
+	// moves without running sl_msg. 0 runs a verdict per send.
+	VerdictWindow uint32
 }
+
+// DefaultVerdictWindow amortises sl_msg over small sends while keeping
+// backlog and fallback decisions within 4 KiB of where they fall.
+const DefaultVerdictWindow = 4096
+
+// MaxVerdictWindow bounds VerdictWindow.
+const MaxVerdictWindow = 1 << 20
 
 // Datapath is a loaded (fresh or adopted) bypass datapath.
 type Datapath struct {
@@ -88,6 +99,12 @@ func loadSpec(cfg Config) (*ebpf.CollectionSpec, error) {
 	}
 	if err := spec.Variables["blocking_tcp"].Set(blockingTCP); err != nil {
 		return nil, fmt.Errorf("setting blocking_tcp: %w", err)
+	}
+	if cfg.VerdictWindow > MaxVerdictWindow {
+		return nil, fmt.Errorf("verdict window %d bytes is over the maximum of %d", cfg.VerdictWindow, MaxVerdictWindow)
+	}
+	if err := spec.Variables["verdict_window"].Set(cfg.VerdictWindow); err != nil {
+		return nil, fmt.Errorf("setting verdict_window: %w", err)
 	}
 	return spec, nil
 }

@@ -16,8 +16,9 @@ enum sl_counter {
 	SL_C_ESTABLISHED_PASSIVE,    /* managed server sockets established */
 	SL_C_CONNS_BYPASSED,         /* connections whose both ends joined the bypass */
 	SL_C_CONNS_TCP,              /* local-candidate connections left on TCP */
-	SL_C_REDIRECT_MSGS,          /* messages moved socket to socket */
-	SL_C_REDIRECT_BYTES,
+	SL_C_REDIRECT_MSGS,          /* redirect verdicts (a verdict window covers many sends) */
+	SL_C_REDIRECT_BYTES,         /* bytes moved socket to socket */
+	SL_C_REDIRECT_WINDOWS,       /* verdicts that also covered the next verdict_window bytes */
 	SL_C_PASS_MSGS,              /* messages of managed sockets left to TCP */
 	SL_C_PASS_BYTES,
 	SL_C_FALLBACK_PEER_NOT_READY, /* client sent before its peer joined */

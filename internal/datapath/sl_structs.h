@@ -36,7 +36,7 @@ struct sl_conn {
 	struct sl_tuple client;   /* the client socket's own view */
 	__u64 word;               /* gen << 32 | state << 16 | members (bit per role) */
 	__u64 start_ns;           /* CLOCK_MONOTONIC at establishment */
-	__u64 msgs[2];            /* messages redirected, per direction */
+	__u64 msgs[2];            /* redirect verdicts, per direction */
 	__u64 bytes[2];           /* bytes redirected, per direction */
 	__u64 tcp_msgs[2];        /* messages that went through TCP, per direction */
 	__u64 tcp_bytes[2];
@@ -89,6 +89,8 @@ struct sl_sock {
 	__u8 evict_peer; /* remove the peer from sl_sockhash at the next callback */
 	__u8 checked;    /* this socket's file mode was looked at */
 	__u16 pad;
+	__u32 win_left;  /* bytes of the open verdict window not yet counted */
+	__u32 pad2;
 };
 
 /* Per-CPU counter block. */

@@ -75,7 +75,7 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 		client.IPv4, filepath.Base(client.Cgroup), server.IPv4, bed.Bridge, testbed.BridgeNetfilter())
 
 	pinDir := filepath.Join(o.BPFFS, "socklane-demo-"+strconv.Itoa(os.Getpid()))
-	dp, err := datapath.Open(datapath.Config{PinDir: pinDir})
+	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: datapath.DefaultVerdictWindow})
 	if err != nil {
 		return err
 	}

@@ -21,34 +21,41 @@ func TestBypassIntegrity(t *testing.T) {
 	tests := []struct {
 		name  string
 		setup func(t *testing.T, b *testbed.Bed) (srv, cli *testbed.Pod, listen, target string)
+		extra []string
 	}{
 		{"pod to pod IPv4", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}},
+		}, nil},
 		{"pod to pod IPv6", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			return s, c, "[::]:9000", netip.AddrPortFrom(s.IPv6, 9000).String()
-		}},
+		}, nil},
 		{"dual-stack server, IPv4 client", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			return s, c, "[::]:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}},
+		}, nil},
 		{"host to pod", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.HostPod(t, b, "host")
 			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}},
+		}, nil},
+		// Every write below the verdict window: most bytes move under a
+		// verdict that covered earlier sends, across fallbacks and resets.
+		{"small writes under verdict windows", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
+			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
+		}, []string{"--max-msg", "2048"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := testutil.Bed(t)
 			in := testutil.NewInstance(t)
-			in.Settings = []string{"--backlog-limit", strconv.Itoa(*integrityBacklog)}
+			in.Settings = []string{"--backlog-limit", strconv.Itoa(*integrityBacklog), "--verdict-window", strconv.Itoa(*integrityWindow)}
 			srv, cli, listen, target := tt.setup(t, b)
 			in.Attach(srv, cli)
 			before := in.Counters()
 			const slow = 4 << 20
-			sum := integrity(t, in.Bin, srv, cli, listen, target, *integrityConns, "--io", "epoll", "--slow-bytes", strconv.Itoa(slow))
+			sum := integrity(t, in.Bin, srv, cli, listen, target, *integrityConns, append([]string{"--io", "epoll", "--slow-bytes", strconv.Itoa(slow)}, tt.extra...)...)
 			d := testutil.Delta(before, in.Counters())
 			t.Logf("%d connections, %d bytes sent by the clients, %d redirected, %d through TCP", *integrityConns, sum.Sent, d["redirect_bytes"], d["pass_bytes"])
 			n := uint64(*integrityConns)
@@ -66,6 +73,9 @@ func TestBypassIntegrity(t *testing.T) {
 				}
 			}
 			mustAtLeast(t, d, "redirect_bytes", (sum.Sent-slowStreams*slow)/2)
+			if *integrityWindow > 0 {
+				mustAtLeast(t, d, "redirect_windows", 1)
+			}
 			mustEqual(t, d, "err_sockhash", 0)
 			mustEqual(t, d, "err_conn_table_full", 0)
 			// Slow receivers went over the 1 MiB limit and their bytes

@@ -31,6 +31,9 @@ func TestBadInput(t *testing.T) {
 		{"no target", func() *exec.Cmd { return exec.Command(bin, "--name", "slbad", "attach") }, "exactly one of --cgroup"},
 		{"no bpffs", func() *exec.Cmd { return exec.Command(bin, "--bpffs", notBPF, "status") }, "no bpf filesystem at"},
 		{"not running", func() *exec.Cmd { return exec.Command(bin, "--name", "slbad-none", "status") }, "socklane is not running"},
+		{"verdict window too large", func() *exec.Cmd {
+			return exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/", "--verdict-window", "4194304")
+		}, "--verdict-window 4194304: want at most"},
 		{"bad output", func() *exec.Cmd { return exec.Command(bin, "-o", "yaml", "status") }, "unknown output format"},
 		{"not root", func() *exec.Cmd {
 			c := exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/")
@@ -102,10 +105,11 @@ func TestAgentRestartAndDown(t *testing.T) {
 	// down while a bypassed connection is live: detaches, waits, gives
 	// up without unpinning, and the connection keeps working.
 	in.Attach(srv, cli)
+	base := in.Counters()
 	echo := start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7000")
 	waitPort(t, srv, "0.0.0.0:7000")
 	pp := start(t, cli, in.Bin, "peer", "pingpong", srv.IPv4.String()+":7000", "--size", "1000", "--count", "40000", "--warmup", "0")
-	waitFor(t, func() bool { c := in.Counters(); return c["redirect_msgs"] > d["redirect_msgs"]+100 })
+	waitFor(t, func() bool { c := in.Counters(); return c["redirect_bytes"] > base["redirect_bytes"]+100*1000 })
 	out, err := in.Run("down", "--drain-timeout", "300ms")
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 3 || !strings.Contains(out, "still open") {
