@@ -19,10 +19,13 @@ func newBenchCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the bypass against the kernel's TCP and AF_UNIX between two pods",
-		Long: `Sets up two pods on a node bridge and runs, with the bypass off and on and over
+		Long: `Sets up pods on a node bridge and runs, with the bypass off and on and over
 AF_UNIX, interleaved and repeated: ping-pong latency and stream throughput per
-message size, the tcp-bypasser 1 KiB echo, and short connections, with client
-and server pinned to one CPU and to two. Reports medians and ratios.`,
+message size, the tcp-bypasser 1 KiB echo, and short connections, pod to pod,
+over loopback inside one pod, and from the host to a pod, with client and
+server pinned to one CPU and to two. qperf, sockperf and iperf3, where
+installed, run pod to pod beside socklane's own client. Reports medians and
+ratios.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -73,6 +76,10 @@ and server pinned to one CPU and to two. Reports medians and ratios.`,
 	f.IntVar(&o.Connects, "connects", 2000, "short connections per run")
 	f.StringSliceVar(&o.Kinds, "measure", []string{bench.Latency, bench.Throughput, bench.Echo, bench.Connect}, "measurements: latency, throughput, echo, connect")
 	f.Uint32Var(&o.VerdictWindow, "verdict-window", datapath.DefaultVerdictWindow, "the bypass's verdict window in bytes (0: a verdict per send)")
+	f.StringSliceVar(&o.Scenarios, "scenarios", bench.Scenarios(), "scenarios: pod-to-pod, loopback, host-to-pod")
+	f.StringSliceVar(&o.Tools, "tools", bench.InstalledTools(), "external tools run pod to pod beside socklane's client: qperf, sockperf, iperf3 (default: those installed; \"\" for none)")
+	f.IntSliceVar(&o.ToolSizes, "tool-sizes", []int{1, 64, 1024, 16384, 65536}, "message sizes for the external tools")
+	f.DurationVar(&o.ToolDuration, "tool-duration", time.Second, "length of each external tool run (whole seconds)")
 	f.StringVar(&jsonOut, "json", "", "also write the full report as JSON to this file")
 	f.StringVar(&mdOut, "markdown", "", "also write the tables as Markdown to this file")
 	f.StringVar(&svgOut, "svg", "", "also write a chart of bypass/TCP ratios as SVG to this file")

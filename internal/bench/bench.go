@@ -44,6 +44,23 @@ const (
 	PathUnix   = "unix"   // AF_UNIX stream socket, same processes' pods
 )
 
+// Scenarios: where the client runs relative to the server.
+const (
+	PodToPod  = "pod-to-pod"  // two pods over the node bridge (bridge-nf on)
+	Loopback  = "loopback"    // client and server in one pod, over 127.0.0.1
+	HostToPod = "host-to-pod" // a host-network process to a pod
+)
+
+// ScenarioText describes each scenario in reports.
+var scenarioText = map[string]string{
+	PodToPod:  "pod to pod over the node bridge (bridge-nf on), IPv4",
+	Loopback:  "loopback inside one pod (127.0.0.1)",
+	HostToPod: "host network namespace to a pod over the bridge, IPv4",
+}
+
+// Scenarios lists every scenario in report order.
+func Scenarios() []string { return []string{PodToPod, Loopback, HostToPod} }
+
 // Placement of client and server.
 type Placement struct {
 	Name      string `json:"name"`
@@ -62,6 +79,12 @@ type Options struct {
 	Connects   int           // short connections per run
 	Kinds      []string      // which measurements
 	Placements []Placement
+	Scenarios  []string
+	// External tools (qperf, sockperf, iperf3) run pod to pod beside
+	// socklane's own peers, at ToolSizes, each run ToolDuration long.
+	Tools        []string
+	ToolSizes    []int
+	ToolDuration time.Duration
 	// VerdictWindow is the datapath's verdict window (see datapath.Config).
 	VerdictWindow uint32
 	Progress      io.Writer // progress line (nil: none)
@@ -83,9 +106,19 @@ type Sample struct {
 // Case is one measurement at one size and placement, all repetitions.
 type Case struct {
 	Kind      string              `json:"kind"`
+	Tool      string              `json:"tool,omitempty"` // external tool; empty: socklane's own peers
 	Size      int                 `json:"size"`
 	Placement string              `json:"placement"`
+	Scenario  string              `json:"scenario"`
 	Samples   map[string][]Sample `json:"samples"`
+}
+
+// Paths the case is measured over: external tools have no AF_UNIX mode.
+func (c *Case) Paths() []string {
+	if c.Tool != "" {
+		return []string{PathTCP, PathBypass}
+	}
+	return []string{PathTCP, PathBypass, PathUnix}
 }
 
 // ProgStat is the kernel's run-time statistics of one program.
@@ -97,13 +130,13 @@ type ProgStat struct {
 
 // Report is the whole result.
 type Report struct {
-	Started  time.Time  `json:"started"`
-	Kernel   string     `json:"kernel"`
-	CPUs     int        `json:"cpus"`
-	Reps     int        `json:"reps"`
-	Scenario string     `json:"scenario"`
-	Cases    []*Case    `json:"cases"`
-	Programs []ProgStat `json:"programs,omitempty"`
+	Started   time.Time         `json:"started"`
+	Kernel    string            `json:"kernel"`
+	CPUs      int               `json:"cpus"`
+	Reps      int               `json:"reps"`
+	Scenarios map[string]string `json:"scenarios"`
+	Cases     []*Case           `json:"cases"`
+	Programs  []ProgStat        `json:"programs,omitempty"`
 }
 
 // Run sets up two pods, runs every case and returns the report.
@@ -122,6 +155,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.Reps < 1 || o.Count < 1 || len(o.Sizes) == 0 {
 		return nil, errors.New("bench: need at least one repetition, one round trip and one size")
+	}
+	for _, sc := range o.Scenarios {
+		if _, ok := scenarioText[sc]; !ok {
+			return nil, fmt.Errorf("unknown scenario %q: want %v", sc, Scenarios())
+		}
+	}
+	if err := checkTools(o.Tools); err != nil {
+		return nil, err
 	}
 	for _, p := range o.Placements {
 		if p.ClientCPU >= cpus() || p.ServerCPU >= cpus() {
@@ -149,8 +190,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	host, err := bed.AddHostPod("host")
+	if err != nil {
+		return nil, err
+	}
 	pinDir := filepath.Join(o.BPFFS, "socklane-bench-"+strconv.Itoa(os.Getpid()))
-	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: o.VerdictWindow})
+	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: o.VerdictWindow,
+		// External tools read in blocking mode; socklane's own peers
+		// use epoll and are unaffected.
+		BypassBlocking: true})
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +214,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	defer os.RemoveAll(sockDir)
 
-	r := &runner{o: o, self: self, client: client, server: server, dp: dp, ctx: ctx}
+	r := &runner{o: o, self: self, client: client, server: server, host: host, dp: dp, ctx: ctx}
 	// One echo server and one sink per placement, TCP and AF_UNIX.
 	for i, p := range o.Placements {
 		for _, kind := range []string{"echo", "sink"} {
@@ -174,17 +222,19 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			if kind == "sink" {
 				port++
 			}
-			tcp := netip.AddrPortFrom(server.IPv4, uint16(port)).String()
 			unixAddr := "unix:" + filepath.Join(sockDir, fmt.Sprintf("%s-%d.sock", kind, i))
 			for _, listen := range []string{fmt.Sprintf("0.0.0.0:%d", port), unixAddr} {
 				if err := r.startServer(p.ServerCPU, kind, listen); err != nil {
 					return nil, err
 				}
 			}
-			r.addrs = append(r.addrs, serverAddrs{placement: p.Name, kind: kind, tcp: tcp, unix: unixAddr})
+			r.addrs = append(r.addrs, serverAddrs{placement: p.Name, kind: kind, port: uint16(port), unix: unixAddr})
 		}
 	}
 	defer r.stopServers()
+	if err := r.startToolServers(); err != nil {
+		return nil, err
+	}
 
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
@@ -194,17 +244,22 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	progBefore := progStats(dp)
 
-	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, Scenario: "pod to pod over the node bridge (bridge-nf on), IPv4"}
+	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, Scenarios: map[string]string{}}
+	for _, sc := range o.Scenarios {
+		rep.Scenarios[sc] = scenarioText[sc]
+	}
 	cases := r.cases()
 	rep.Cases = cases
-	total := o.Reps * len(cases) * 3
-	done := 0
+	total, done := 0, 0
+	for _, c := range cases {
+		total += o.Reps * len(c.Paths())
+	}
 	for range o.Reps {
 		for _, c := range cases {
-			for _, path := range []string{PathTCP, PathBypass, PathUnix} {
+			for _, path := range c.Paths() {
 				s, err := r.measure(c, path)
 				if err != nil {
-					return nil, fmt.Errorf("%s %d B %s over %s: %w", c.Kind, c.Size, c.Placement, path, err)
+					return nil, fmt.Errorf("%s%s %d B %s %s over %s: %w", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, err)
 				}
 				c.Samples[path] = append(c.Samples[path], s)
 				done++
@@ -224,13 +279,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 type serverAddrs struct {
 	placement, kind string
-	tcp, unix       string
+	port            uint16
+	unix            string
 }
 
 type runner struct {
 	o              Options
 	self           string
 	client, server *testbed.Pod
+	host           *testbed.Pod
 	dp             *datapath.Datapath
 	ctx            context.Context
 	servers        []*exec.Cmd
@@ -238,12 +295,17 @@ type runner struct {
 }
 
 func (r *runner) startServer(cpu int, kind, listen string) error {
-	cmd, err := r.server.Command("taskset", "-c", strconv.Itoa(cpu), r.self, "peer", kind, listen)
+	return r.startPinned(cpu, kind, r.self, "peer", kind, listen)
+}
+
+// startPinned starts a long-running server in the server pod on cpu.
+func (r *runner) startPinned(cpu int, what, name string, args ...string) error {
+	cmd, err := r.server.Command("taskset", append([]string{"-c", strconv.Itoa(cpu), name}, args...)...)
 	if err != nil {
 		return err
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s server: %w", kind, err)
+		return fmt.Errorf("starting %s server: %w", what, err)
 	}
 	r.servers = append(r.servers, cmd)
 	return nil
@@ -259,8 +321,10 @@ func (r *runner) stopServers() {
 func (r *runner) cases() []*Case {
 	var cs []*Case
 	add := func(kind string, size int) {
-		for _, p := range r.o.Placements {
-			cs = append(cs, &Case{Kind: kind, Size: size, Placement: p.Name, Samples: map[string][]Sample{}})
+		for _, sc := range r.o.Scenarios {
+			for _, p := range r.o.Placements {
+				cs = append(cs, &Case{Kind: kind, Size: size, Placement: p.Name, Scenario: sc, Samples: map[string][]Sample{}})
+			}
 		}
 	}
 	for _, k := range r.o.Kinds {
@@ -275,7 +339,18 @@ func (r *runner) cases() []*Case {
 			add(k, 64)
 		}
 	}
-	return cs
+	return append(cs, r.toolCases()...)
+}
+
+// clientPod is where the scenario's client runs.
+func (r *runner) clientPod(c *Case) *testbed.Pod {
+	switch c.Scenario {
+	case Loopback:
+		return r.server
+	case HostToPod:
+		return r.host
+	}
+	return r.client
 }
 
 func (r *runner) addr(c *Case, path string) string {
@@ -288,7 +363,11 @@ func (r *runner) addr(c *Case, path string) string {
 			if path == PathUnix {
 				return a.unix
 			}
-			return a.tcp
+			ip := r.server.IPv4
+			if c.Scenario == Loopback {
+				ip = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+			}
+			return netip.AddrPortFrom(ip, a.port).String()
 		}
 	}
 	return ""
@@ -307,7 +386,7 @@ func (r *runner) clientCPU(c *Case) int {
 // counters, that the bytes took that path.
 func (r *runner) measure(c *Case, path string) (Sample, error) {
 	if path == PathBypass {
-		for _, p := range []*testbed.Pod{r.client, r.server} {
+		for _, p := range []*testbed.Pod{r.client, r.server, r.host} {
 			if _, err := r.dp.Attach(p.Cgroup, p.CgroupID); err != nil {
 				return Sample{}, err
 			}
@@ -319,6 +398,31 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	if err != nil {
 		return Sample{}, err
 	}
+	var s Sample
+	if c.Tool != "" {
+		s, err = r.measureTool(c)
+	} else {
+		s, err = r.measurePeer(c, path)
+	}
+	if err != nil {
+		return s, err
+	}
+	after, err := r.dp.Counters()
+	if err != nil {
+		return s, err
+	}
+	s.Redirected = after["redirect_msgs"] - before["redirect_msgs"]
+	switch {
+	case path == PathBypass && s.Redirected == 0:
+		return s, errors.New("bypass attached, yet no message was redirected")
+	case path != PathBypass && s.Redirected != 0:
+		return s, fmt.Errorf("bypass detached, yet %d messages were redirected", s.Redirected)
+	}
+	return s, nil
+}
+
+// measurePeer runs socklane's own client against its own server.
+func (r *runner) measurePeer(c *Case, path string) (Sample, error) {
 	addr := r.addr(c, path)
 	var args []string
 	switch c.Kind {
@@ -331,7 +435,7 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	case Throughput:
 		args = []string{"stream", addr, "--size", strconv.Itoa(c.Size), "--count", "0", "--duration", r.o.Duration.String()}
 	}
-	out, err := r.peer(r.clientCPU(c), args...)
+	out, err := r.run(r.clientPod(c), r.clientCPU(c), append([]string{r.self, "peer"}, args...)...)
 	if err != nil {
 		return Sample{}, err
 	}
@@ -349,22 +453,12 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 		}
 		s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
 	}
-	after, err := r.dp.Counters()
-	if err != nil {
-		return s, err
-	}
-	s.Redirected = after["redirect_msgs"] - before["redirect_msgs"]
-	switch {
-	case path == PathBypass && s.Redirected == 0:
-		return s, errors.New("bypass attached, yet no message was redirected")
-	case path != PathBypass && s.Redirected != 0:
-		return s, fmt.Errorf("bypass detached, yet %d messages were redirected", s.Redirected)
-	}
 	return s, nil
 }
 
-func (r *runner) peer(cpu int, args ...string) ([]byte, error) {
-	cmd, err := r.client.Command("taskset", append([]string{"-c", strconv.Itoa(cpu), r.self, "peer"}, args...)...)
+// run runs a client command in pod on cpu and returns its standard output.
+func (r *runner) run(pod *testbed.Pod, cpu int, args ...string) ([]byte, error) {
+	cmd, err := pod.Command("taskset", append([]string{"-c", strconv.Itoa(cpu)}, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -380,12 +474,12 @@ func (r *runner) peer(cpu int, args ...string) ([]byte, error) {
 	select {
 	case err := <-done:
 		if err != nil {
-			return nil, fmt.Errorf("peer %v: %w: %s", args, err, errb.String())
+			return nil, fmt.Errorf("%v: %w: %s", args, err, errb.String())
 		}
 	case <-ctx.Done():
 		_ = cmd.Process.Kill()
 		<-done
-		return nil, fmt.Errorf("peer %v: %w", args, ctx.Err())
+		return nil, fmt.Errorf("%v: %w", args, ctx.Err())
 	}
 	return out.Bytes(), nil
 }
@@ -398,7 +492,11 @@ func progress(w io.Writer, done, total int, c *Case, path string) {
 	n := done * width / total
 	bar := bytes.Repeat([]byte("#"), n)
 	bar = append(bar, bytes.Repeat([]byte("."), width-n)...)
-	fmt.Fprintf(w, "\r[%s] %3d%% %-10s %6d B %-9s %-6s", bar, done*100/total, c.Kind, c.Size, c.Placement, path)
+	kind := c.Kind
+	if c.Tool != "" {
+		kind = c.Tool + " " + kind
+	}
+	fmt.Fprintf(w, "\r[%s] %3d%% %-19s %6d B %-11s %-9s %-6s", bar, done*100/total, kind, c.Size, c.Scenario, c.Placement, path)
 }
 
 func progStats(dp *datapath.Datapath) map[string]ProgStat {

@@ -38,37 +38,40 @@ func ratio(a, b float64) string {
 
 // Markdown writes the report's tables.
 func (r *Report) Markdown(w io.Writer) {
-	fmt.Fprintf(w, "Kernel %s, %d CPUs, %s; medians of %d interleaved repetitions (TCP, bypass, AF_UNIX).\n", r.Kernel, r.CPUs, r.Scenario, r.Reps)
+	fmt.Fprintf(w, "Kernel %s, %d CPUs; medians of %d interleaved repetitions (TCP, bypass, AF_UNIX).\n", r.Kernel, r.CPUs, r.Reps)
+	for _, sc := range Scenarios() {
+		if d, ok := r.Scenarios[sc]; ok {
+			fmt.Fprintf(w, "Scenario %s: %s.\n", sc, d)
+		}
+	}
 	for _, kind := range []string{Latency, Echo, Connect, Throughput} {
-		for _, pl := range r.placements() {
-			var rows []*Case
-			for _, c := range r.Cases {
-				if c.Kind == kind && c.Placement == pl {
-					rows = append(rows, c)
+		for _, sc := range Scenarios() {
+			for _, pl := range r.placements() {
+				rows := r.rows("", kind, sc, pl)
+				if len(rows) == 0 {
+					continue
 				}
-			}
-			if len(rows) == 0 {
-				continue
-			}
-			fmt.Fprintf(w, "\n### %s, %s\n\n", title(kind), pl)
-			if kind == Throughput {
-				fmt.Fprintln(w, "| size (B) | TCP MB/s | bypass MB/s | AF_UNIX MB/s | bypass / TCP | bypass / AF_UNIX |")
-				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
+				fmt.Fprintf(w, "\n### %s, %s, %s\n\n", title(kind), sc, pl)
+				if kind == Throughput {
+					fmt.Fprintln(w, "| size (B) | TCP MB/s | bypass MB/s | AF_UNIX MB/s | bypass / TCP | bypass / AF_UNIX |")
+					fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
+					for _, c := range rows {
+						t, b, u := c.Median(PathTCP, mbps), c.Median(PathBypass, mbps), c.Median(PathUnix, mbps)
+						fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s |\n", c.Size, t, b, u, ratio(b, t), ratio(b, u))
+					}
+					continue
+				}
+				fmt.Fprintln(w, "| size (B) | TCP mean us | bypass mean us | AF_UNIX mean us | bypass / TCP | bypass / AF_UNIX | TCP p99.9 us | bypass p99.9 us |")
+				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
 				for _, c := range rows {
-					t, b, u := c.Median(PathTCP, mbps), c.Median(PathBypass, mbps), c.Median(PathUnix, mbps)
-					fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s |\n", c.Size, t, b, u, ratio(b, t), ratio(b, u))
+					t, b, u := c.Median(PathTCP, mean), c.Median(PathBypass, mean), c.Median(PathUnix, mean)
+					fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s | %.1f | %.1f |\n", c.Size, t, b, u, ratio(b, t), ratio(b, u),
+						c.Median(PathTCP, p999), c.Median(PathBypass, p999))
 				}
-				continue
-			}
-			fmt.Fprintln(w, "| size (B) | TCP mean us | bypass mean us | AF_UNIX mean us | bypass / TCP | bypass / AF_UNIX | TCP p99.9 us | bypass p99.9 us |")
-			fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
-			for _, c := range rows {
-				t, b, u := c.Median(PathTCP, mean), c.Median(PathBypass, mean), c.Median(PathUnix, mean)
-				fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s | %.1f | %.1f |\n", c.Size, t, b, u, ratio(b, t), ratio(b, u),
-					c.Median(PathTCP, p999), c.Median(PathBypass, p999))
 			}
 		}
 	}
+	r.toolMarkdown(w)
 	if len(r.Programs) > 0 {
 		fmt.Fprintln(w, "\n### BPF program cost (kernel run-time statistics, all bypass runs)")
 		fmt.Fprintln(w, "\n| program | runs | ns per run |")
@@ -77,6 +80,49 @@ func (r *Report) Markdown(w io.Writer) {
 			fmt.Fprintf(w, "| %s | %d | %.0f |\n", p.Name, p.Runs, p.NsRun)
 		}
 	}
+}
+
+// toolMarkdown puts each external tool's figures beside socklane's own
+// client's ratio at the same size and placement (pod to pod).
+func (r *Report) toolMarkdown(w io.Writer) {
+	for _, tool := range Tools() {
+		for _, kind := range []string{Latency, Throughput} {
+			for _, pl := range r.placements() {
+				rows := r.rows(tool, kind, PodToPod, pl)
+				if len(rows) == 0 {
+					continue
+				}
+				unit, f := "RTT us", mean
+				if kind == Throughput {
+					unit, f = "MB/s", mbps
+				}
+				fmt.Fprintf(w, "\n### %s %s, pod-to-pod, %s\n\n", tool, kind, pl)
+				fmt.Fprintf(w, "| size (B) | TCP %s | bypass %s | bypass / TCP | socklane client bypass / TCP |\n", unit, unit)
+				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|")
+				for _, c := range rows {
+					t, b := c.Median(PathTCP, f), c.Median(PathBypass, f)
+					own := "-"
+					for _, o := range r.rows("", kind, PodToPod, pl) {
+						if o.Size == c.Size {
+							own = ratio(o.Median(PathBypass, f), o.Median(PathTCP, f))
+						}
+					}
+					fmt.Fprintf(w, "| %d | %.1f | %.1f | %s | %s |\n", c.Size, t, b, ratio(b, t), own)
+				}
+			}
+		}
+	}
+}
+
+// rows are the cases of one table.
+func (r *Report) rows(tool, kind, scenario, placement string) []*Case {
+	var out []*Case
+	for _, c := range r.Cases {
+		if c.Tool == tool && c.Kind == kind && c.Scenario == scenario && c.Placement == placement {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func title(kind string) string {
@@ -113,10 +159,7 @@ func (r *Report) SVG(w io.Writer) {
 	for _, kind := range []string{Latency, Throughput} {
 		for _, pl := range r.placements() {
 			var g []bar
-			for _, c := range r.Cases {
-				if c.Kind != kind || c.Placement != pl {
-					continue
-				}
+			for _, c := range r.rows("", kind, PodToPod, pl) {
 				f := mean
 				if kind == Throughput {
 					f = mbps
@@ -128,7 +171,7 @@ func (r *Report) SVG(w io.Writer) {
 			}
 			if len(g) > 0 {
 				groups = append(groups, g)
-				names = append(names, fmt.Sprintf("%s bypass/TCP, %s", kind, pl))
+				names = append(names, fmt.Sprintf("%s bypass/TCP, pod-to-pod, %s", kind, pl))
 			}
 		}
 	}

@@ -73,10 +73,18 @@ struct sock {
 #define SL_O_NONBLOCK 04000
 
 /* msg_tot_len: bytes redirected into a socket and not yet read.
- * apply_bytes: what is left of the socket's open verdict window. */
+ * apply_bytes: what is left of the socket's open verdict window.
+ * refcnt: 1 for the map, plus one per send or receive running on it. */
+struct refcount_struct {
+	struct {
+		int counter;
+	} refs;
+} __attribute__((preserve_access_index));
+
 struct sk_psock {
 	__u32 apply_bytes;
 	__u32 msg_tot_len;
+	struct refcount_struct refcnt;
 } __attribute__((preserve_access_index));
 
 /* Low bits of sk_user_data are flags (SK_USER_DATA_PTRMASK). */
@@ -204,14 +212,23 @@ static __always_inline __u32 queued_bytes(struct sock *sk)
 	return queued;
 }
 
-/* Bytes sk may still redirect under its open verdict window. */
-static __always_inline __u32 window_left(struct sock *sk)
+/* Whether sk, the peer of a socket about to leave the map, might still
+ * redirect to it: under an open verdict window, or from a send already past
+ * its verdict (the kernel releases the sender's lock around the redirect,
+ * holding a reference on the sender's psock). Called only once the
+ * direction from sk is on TCP, so every verdict sk runs from now on passes
+ * to TCP. Any other reference (a receive in progress) also counts as busy:
+ * the caller retries at its next transmit. */
+static __always_inline int peer_may_redirect(struct sock *sk)
 {
 	struct sk_psock *ps = psock_of(sk);
+	if (!ps)
+		return 0;
 	__u32 left = 0;
-	if (ps)
-		bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
-	return left;
+	int refs = 0;
+	bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
+	bpf_core_read(&refs, sizeof(refs), &ps->refcnt.refs.counter);
+	return left || refs > 1;
 }
 
 static __always_inline struct sock *member_sock(__u32 slot, __u32 role)
@@ -582,10 +599,10 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
 		 * and not yet read: wait until that is empty, and until the
-		 * peer's verdict window, which would redirect to a socket no
-		 * longer in the map (EPIPE), is closed. */
+		 * peer can no longer redirect here (a redirect to a socket
+		 * that left the map fails with EPIPE). */
 		if (st->in_map && (queued_bytes((struct sock *)bpf_skc_to_tcp_sock(sk)) ||
-				   window_left(member_sock(st->slot, st->role ^ 1))))
+				   peer_may_redirect(member_sock(st->slot, st->role ^ 1))))
 			return;
 		st->evict = 0;
 		if (st->in_map && !bpf_map_delete_elem(&sl_sockhash, &st->self_id))

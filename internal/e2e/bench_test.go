@@ -25,8 +25,13 @@ func TestBench(t *testing.T) {
 	jsonPath, svgPath := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	tools := []string{bench.Qperf, bench.Sockperf, bench.Iperf3}
+	for _, tool := range tools {
+		testutil.RequireCommand(t, tool)
+	}
 	cmd := exec.CommandContext(ctx, bin, "bench", "--reps", "2", "--sizes", "1,4096", "--count", "200",
-		"--duration", "50ms", "--echo-count", "200", "--connects", "20", "--json", jsonPath, "--svg", svgPath)
+		"--duration", "50ms", "--echo-count", "200", "--connects", "20", "--json", jsonPath, "--svg", svgPath,
+		"--tools", strings.Join(tools, ","), "--tool-sizes", "64", "--tool-duration", "1s")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("socklane bench: %v\n%s", err, out)
@@ -42,24 +47,36 @@ func TestBench(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatalf("parsing the JSON report: %v", err)
 	}
-	// 2 sizes x (latency + throughput) + echo + connect, each on 2 placements.
-	if want := (2*2 + 2) * 2; len(rep.Cases) != want {
+	// socklane's client: 2 sizes x (latency + throughput) + echo + connect,
+	// in 3 scenarios, on 2 placements. Tools, pod to pod at one size on 2
+	// placements: qperf and sockperf latency + throughput, iperf3 throughput.
+	if want := (2*2+2)*3*2 + (2+2+1)*2; len(rep.Cases) != want {
 		t.Fatalf("%d cases, want %d", len(rep.Cases), want)
 	}
+	seen := map[string]bool{}
 	for _, c := range rep.Cases {
-		for _, path := range []string{bench.PathTCP, bench.PathBypass, bench.PathUnix} {
+		seen[c.Scenario] = true
+		if c.Tool != "" {
+			seen[c.Tool] = true
+		}
+		for _, path := range c.Paths() {
 			ss := c.Samples[path]
 			if len(ss) != 2 {
-				t.Errorf("%s %d %s %s: %d samples, want 2", c.Kind, c.Size, c.Placement, path, len(ss))
+				t.Errorf("%s%s %d %s %s %s: %d samples, want 2", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, len(ss))
 			}
 			for _, s := range ss {
 				if (path == bench.PathBypass) != (s.Redirected > 0) {
-					t.Errorf("%s %d %s %s: %d messages redirected", c.Kind, c.Size, c.Placement, path, s.Redirected)
+					t.Errorf("%s%s %d %s %s %s: %d messages redirected", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, s.Redirected)
 				}
 				if s.Mean == 0 && s.MBps == 0 {
-					t.Errorf("%s %d %s %s: empty sample", c.Kind, c.Size, c.Placement, path)
+					t.Errorf("%s%s %d %s %s %s: empty sample", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path)
 				}
 			}
+		}
+	}
+	for _, want := range append(bench.Scenarios(), tools...) {
+		if !seen[want] {
+			t.Errorf("nothing ran for %s", want)
 		}
 	}
 	if len(rep.Programs) == 0 {
