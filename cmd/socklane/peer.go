@@ -122,6 +122,22 @@ func newPeerCmd() *cobra.Command {
 	connects := clientCmd("connects", func(ctx context.Context, addr string) (any, error) {
 		return peer.Connects(ctx, addr, size, count)
 	})
-	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects)
+	var network, label, mode string
+	whoami := &cobra.Command{
+		Use:  "whoami ADDR",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := ctx()
+			defer stop()
+			return peer.Whoami(ctx, network, args[0], label)
+		},
+	}
+	whoami.Flags().StringVar(&network, "network", "tcp", "tcp or udp")
+	whoami.Flags().StringVar(&label, "label", "", "what to answer")
+	probe := clientCmd("lbprobe", func(ctx context.Context, addr string) (any, error) {
+		return peer.Probe(ctx, mode, addr, count)
+	})
+	probe.Flags().StringVar(&mode, "mode", "tcp", "tcp, udp (connected) or udp-unconnected")
+	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe)
 	return cmd
 }

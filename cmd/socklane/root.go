@@ -78,6 +78,7 @@ func newRootCmd() *cobra.Command {
 		newAttachCmd(g),
 		newDetachCmd(g),
 		newConnsCmd(g),
+		newSvcCmd(g),
 		newDownCmd(g),
 		newDemoCmd(g),
 		newBenchCmd(g),

@@ -208,5 +208,8 @@ func Down(dir string, force bool, drain time.Duration, log *slog.Logger) (int, e
 		log.Info("draining", "bypassed_sockets", live)
 		time.Sleep(200 * time.Millisecond)
 	}
+	if err := os.RemoveAll(StateDir(filepath.Base(dir))); err != nil {
+		return 0, fmt.Errorf("removing service state: %w", err)
+	}
 	return 0, dp.Remove()
 }

@@ -19,7 +19,7 @@ import (
 const (
 	progPinSockops = "prog_sl_sockops"
 	progPinMsg     = "prog_sl_msg"
-	linkPinPrefix  = "link_sockops_"
+	linkPinPrefix  = "link_"
 )
 
 // Config says where the datapath lives and how it behaves.
@@ -51,6 +51,7 @@ const MaxVerdictWindow = 1 << 20
 type Datapath struct {
 	cfg     Config
 	objs    bypassObjects
+	lb      servicelbObjects
 	adopted bool
 }
 
@@ -133,6 +134,9 @@ func create(cfg Config) (*Datapath, error) {
 	if err := d.fillFreeSlots(); err != nil {
 		return nil, err
 	}
+	if err := d.createLB(); err != nil {
+		return nil, err
+	}
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
 		Target:  d.objs.SlSockhash.FD(),
 		Program: d.objs.SlMsg,
@@ -173,6 +177,10 @@ func adopt(cfg Config) (*Datapath, error) {
 		d.Close()
 		return nil, fmt.Errorf("adopting pinned sl_msg: %w", err)
 	}
+	if err := d.adoptLB(); err != nil {
+		d.Close()
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -194,7 +202,23 @@ func (d *Datapath) PinDir() string { return d.cfg.PinDir }
 
 // Close releases this process's handles; pinned objects stay.
 func (d *Datapath) Close() error {
-	return d.objs.Close()
+	return errors.Join(d.objs.Close(), closeAll(&d.lb.servicelbMaps, &d.lb.servicelbPrograms))
+}
+
+// closeAll closes generated object sets that may be partly loaded.
+func closeAll(ms *servicelbMaps, ps *servicelbPrograms) error {
+	var errs []error
+	for _, m := range []*ebpf.Map{ms.SlLbSk, ms.SlLbStats, ms.SlSvc, ms.SlSvcAffinity, ms.SlSvcBackends, ms.SlSvcMembers, ms.SlSvcRefused, ms.SlSvcSelected} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	for _, p := range []*ebpf.Program{ps.SlConnect4, ps.SlConnect6, ps.SlSendmsg4, ps.SlSendmsg6, ps.SlRecvmsg4, ps.SlRecvmsg6, ps.SlGetpeername4, ps.SlGetpeername6} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Attachment is the sl_sockops program attached to one cgroup.
@@ -204,44 +228,63 @@ type Attachment struct {
 	LinkID   uint32 `json:"link_id"`
 }
 
-func (d *Datapath) linkPin(cgroupID uint64) string {
-	return filepath.Join(d.cfg.PinDir, linkPinPrefix+strconv.FormatUint(cgroupID, 10))
+func (d *Datapath) linkPin(h string, cgroupID uint64) string {
+	return filepath.Join(d.cfg.PinDir, linkPin(h, cgroupID))
 }
 
-// Attach attaches sl_sockops to the cgroup at path (a cgroup v2 directory)
-// with a pinned link, which the kernel treats as a multi attachment: other
-// programs on that cgroup or its children keep running. Attaching twice to the
-// same cgroup is a no-op.
+func linkPin(h string, cgroupID uint64) string {
+	return linkPinPrefix + h + "_" + strconv.FormatUint(cgroupID, 10)
+}
+
+// Attach attaches the datapath's programs (service load balancer hooks and
+// sl_sockops) to the cgroup at path (a cgroup v2 directory) with pinned
+// links, which the kernel treats as multi attachments: other programs on
+// that cgroup or its children keep running. Attaching twice to the same
+// cgroup is a no-op. On failure nothing of this call stays attached.
 func (d *Datapath) Attach(path string, cgroupID uint64) (*Attachment, error) {
-	pin := d.linkPin(cgroupID)
-	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-		defer l.Close()
-		info, _ := l.Info()
-		a := &Attachment{CgroupID: cgroupID, Path: path}
-		if info != nil {
-			a.LinkID = uint32(info.ID)
-		}
-		return a, nil
-	}
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: d.objs.SlSockops})
-	if err != nil {
-		return nil, fmt.Errorf("attaching sock_ops to %s: %w", path, err)
-	}
-	defer l.Close()
-	if err := l.Pin(pin); err != nil {
-		return nil, fmt.Errorf("pinning sock_ops link for %s: %w", path, err)
-	}
 	a := &Attachment{CgroupID: cgroupID, Path: path}
-	if info, err := l.Info(); err == nil {
-		a.LinkID = uint32(info.ID)
+	var made []string
+	for _, h := range hooks {
+		pin := d.linkPin(h.name, cgroupID)
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			if info, err := l.Info(); err == nil && h.name == "sockops" {
+				a.LinkID = uint32(info.ID)
+			}
+			l.Close()
+			continue
+		}
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: h.attach, Program: h.prog(d)})
+		if err == nil {
+			if err = l.Pin(pin); err == nil && h.name == "sockops" {
+				if info, ierr := l.Info(); ierr == nil {
+					a.LinkID = uint32(info.ID)
+				}
+			}
+			l.Close()
+		}
+		if err != nil {
+			for _, p := range made {
+				_, _ = detachPin(p)
+			}
+			return nil, fmt.Errorf("attaching %s to %s: %w", h.name, path, err)
+		}
+		made = append(made, pin)
 	}
 	return a, nil
 }
 
-// Detach removes this datapath's attachment from one cgroup. Only socklane's
-// own link is touched. Returns false if there was none.
+// Detach removes this datapath's attachments from one cgroup. Only
+// socklane's own links are touched. Returns false if there were none.
 func (d *Datapath) Detach(cgroupID uint64) (bool, error) {
-	return detachPin(d.linkPin(cgroupID))
+	any := false
+	for _, h := range hooks {
+		ok, err := detachPin(d.linkPin(h.name, cgroupID))
+		if err != nil {
+			return any, err
+		}
+		any = any || ok
+	}
+	return any, nil
 }
 
 func detachPin(pin string) (bool, error) {

@@ -1,10 +1,12 @@
 package datapath
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,50 +20,74 @@ import (
 // detached, drained and removed.
 type Pins string
 
-// Attachments lists the cgroups the datapath is attached to.
-func (p Pins) Attachments() ([]Attachment, error) {
+// links lists the datapath's pinned links: cgroup id -> hook -> pin path.
+func (p Pins) links() (map[uint64]map[string]string, error) {
 	entries, err := os.ReadDir(string(p))
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", string(p), err)
 	}
-	var out []Attachment
+	out := map[uint64]map[string]string{}
 	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasPrefix(name, linkPinPrefix) {
+		rest, ok := strings.CutPrefix(e.Name(), linkPinPrefix)
+		if !ok {
 			continue
 		}
-		id, err := strconv.ParseUint(strings.TrimPrefix(name, linkPinPrefix), 10, 64)
+		i := strings.LastIndexByte(rest, '_')
+		if i < 0 {
+			continue
+		}
+		id, err := strconv.ParseUint(rest[i+1:], 10, 64)
 		if err != nil {
 			continue
 		}
-		a := Attachment{CgroupID: id}
-		if l, err := link.LoadPinnedLink(filepath.Join(string(p), name), nil); err == nil {
-			if info, err := l.Info(); err == nil {
-				a.LinkID = uint32(info.ID)
-			}
-			l.Close()
+		if out[id] == nil {
+			out[id] = map[string]string{}
 		}
-		out = append(out, a)
+		out[id][rest[:i]] = filepath.Join(string(p), e.Name())
 	}
 	return out, nil
 }
 
-// DetachAll removes every attachment: no new connection joins the bypass;
-// live ones keep it.
+// Attachments lists the cgroups the datapath is attached to, in cgroup id
+// order; LinkID is the sock_ops link's.
+func (p Pins) Attachments() ([]Attachment, error) {
+	ls, err := p.links()
+	if err != nil {
+		return nil, err
+	}
+	var out []Attachment
+	for id, hs := range ls {
+		a := Attachment{CgroupID: id}
+		if pin, ok := hs["sockops"]; ok {
+			if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+				if info, err := l.Info(); err == nil {
+					a.LinkID = uint32(info.ID)
+				}
+				l.Close()
+			}
+		}
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b Attachment) int { return cmp.Compare(a.CgroupID, b.CgroupID) })
+	return out, nil
+}
+
+// DetachAll removes every attachment: no new connection joins the bypass
+// or is load-balanced; live ones keep what they have. Returns the number of
+// cgroups detached.
 func (p Pins) DetachAll() (int, error) {
-	as, err := p.Attachments()
+	ls, err := p.links()
 	if err != nil {
 		return 0, err
 	}
 	n := 0
-	for _, a := range as {
-		ok, err := detachPin(filepath.Join(string(p), linkPinPrefix+strconv.FormatUint(a.CgroupID, 10)))
-		if err != nil {
-			return n, err
+	for _, hs := range ls {
+		for _, pin := range hs {
+			if _, err := detachPin(pin); err != nil {
+				return n, err
+			}
 		}
-		if ok {
-			n++
-		}
+		n++
 	}
 	return n, nil
 }

@@ -62,4 +62,10 @@ enum sl_role {
 #define SL_NO_SLOT 0xffffffffu
 #define SL_MAX_LISTENERS 16384
 
+/* Service load balancer sizes. */
+#define SL_MAX_FRONTENDS 131072      /* (VIP, port, protocol) entries */
+#define SL_MAX_BACKEND_SLOTS 1048576 /* backends over all frontends and both banks */
+#define SL_MAX_AFFINITY 262144       /* ClientIP affinity entries */
+#define SL_BANK_SHIFT 16
+
 #endif

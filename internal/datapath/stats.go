@@ -19,14 +19,28 @@ func CounterNames() ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
 	}
-	var e *btf.Enum
-	if err := spec.Types.TypeByName("sl_counter", &e); err != nil {
-		return nil, fmt.Errorf("finding enum sl_counter: %w", err)
+	return enumNames(spec, "sl_counter", "SL_C_", len(bypassSlCounters{}.C))
+}
+
+// LBCounterNames is CounterNames for the service load balancer.
+func LBCounterNames() ([]string, error) {
+	spec, err := loadServicelb()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
 	}
-	names := make([]string, len(bypassSlCounters{}.C))
+	return enumNames(spec, "sl_lb_counter", "SL_LB_", len(servicelbSlLbCounters{}.C))
+}
+
+// enumNames lower-cases a C enum's value names without their prefix.
+func enumNames(spec *ebpf.CollectionSpec, enum, prefix string, n int) ([]string, error) {
+	var e *btf.Enum
+	if err := spec.Types.TypeByName(enum, &e); err != nil {
+		return nil, fmt.Errorf("finding enum %s: %w", enum, err)
+	}
+	names := make([]string, n)
 	for _, v := range e.Values {
 		if v.Value < uint64(len(names)) {
-			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "SL_C_"))
+			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, prefix))
 		}
 	}
 	return names, nil

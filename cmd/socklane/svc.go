@@ -1,0 +1,148 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/service"
+	"github.com/spf13/cobra"
+)
+
+func newSvcCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "svc",
+		Short: "Services balanced at connect(): apply a YAML file, list, get",
+	}
+	var file string
+	apply := &cobra.Command{
+		Use:   "apply -f FILE",
+		Short: "Make the load balancer serve exactly the services in FILE (validated in full first)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return fmt.Errorf("give the service file with -f FILE")
+			}
+			set, err := service.ParseFile(file)
+			if err != nil {
+				return err
+			}
+			dp, err := g.openPinned()
+			if err != nil {
+				return err
+			}
+			defer dp.Close()
+			st, err := agent.ApplyServices(dp, g.name, set)
+			if err != nil {
+				return err
+			}
+			if g.json() {
+				return writeJSON(cmd.OutOrStdout(), map[string]any{
+					"services": len(set.Services), "frontends": st.Frontends, "added": st.Added,
+					"updated": st.Updated, "removed": st.Removed, "took_ms": st.Took.Seconds() * 1000})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "applied %d services (%d frontends: %d added, %d updated, %d removed) in %s\n",
+				len(set.Services), st.Frontends, st.Added, st.Updated, st.Removed, st.Took.Round(100_000))
+			return nil
+		},
+	}
+	apply.Flags().StringVarP(&file, "file", "f", "", "YAML service file")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the applied services with backends and selection counts",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return showServices(cmd, g, "")
+		},
+	}
+	get := &cobra.Command{
+		Use:   "get [NAMESPACE/]NAME",
+		Short: "Show one applied service",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return showServices(cmd, g, args[0])
+		},
+	}
+	cmd.AddCommand(apply, list, get)
+	return cmd
+}
+
+// serviceView is a service with what the datapath counted for it.
+type serviceView struct {
+	*service.Service
+	Selected map[string]uint64 `json:"selected"` // backend ip:port -> connections and sends
+	Refused  uint64            `json:"refused"`
+}
+
+func showServices(cmd *cobra.Command, g *globals, only string) error {
+	dp, err := g.openPinned()
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	svcs, err := agent.AppliedServices(g.name)
+	if err != nil {
+		return err
+	}
+	st, err := dp.ServiceStats()
+	if err != nil {
+		return err
+	}
+	var views []serviceView
+	for _, s := range svcs {
+		if only != "" && s.Key() != only && "default/"+only != s.Key() {
+			continue
+		}
+		v := serviceView{Service: s, Selected: map[string]uint64{}}
+		fronts := map[service.Frontend]bool{}
+		for _, f := range s.Frontends() {
+			fronts[f] = true
+			v.Refused += st.Refused[f.String()]
+		}
+		for _, sel := range st.Selections {
+			if fronts[sel.Frontend] {
+				v.Selected[sel.Backend.String()] += sel.Count
+			}
+		}
+		views = append(views, v)
+	}
+	if only != "" && len(views) == 0 {
+		return fmt.Errorf("service %s is not applied (see `socklane svc list`)", only)
+	}
+	if g.json() {
+		return writeJSON(cmd.OutOrStdout(), map[string]any{"services": views, "counters": st.Counters})
+	}
+	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tVIPS\tPORTS\tBACKENDS (selected)\tAFFINITY\tREFUSED")
+	for _, v := range views {
+		var vips, ports, bes []string
+		for _, a := range v.VIPs {
+			vips = append(vips, a.String())
+		}
+		for _, p := range v.Ports {
+			ports = append(ports, fmt.Sprintf("%d->%d/%s", p.Port, p.TargetPort, p.Protocol))
+		}
+		for _, b := range v.Backends {
+			n := uint64(0)
+			for _, p := range v.Ports {
+				n += v.Selected[netip.AddrPortFrom(b.IP, p.TargetPort).String()]
+			}
+			state := ""
+			if b.Terminating {
+				state = ",terminating"
+			} else if !b.IsReady() {
+				state = ",not-ready"
+			}
+			bes = append(bes, fmt.Sprintf("%s(%d%s)", b.IP, n, state))
+		}
+		aff := string(v.Affinity)
+		if v.Affinity == service.AffinityClientIP {
+			aff += "/" + v.Timeout.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", v.Key(), strings.Join(vips, ","), strings.Join(ports, ","), strings.Join(bes, " "), aff, v.Refused)
+	}
+	return tw.Flush()
+}

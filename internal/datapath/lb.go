@@ -1,0 +1,103 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+)
+
+// hook is one program attached to every managed cgroup.
+type hook struct {
+	name   string // link pin name part
+	attach ebpf.AttachType
+	prog   func(d *Datapath) *ebpf.Program
+}
+
+// hooks are attached in this order: the service load balancer before
+// sock_ops, so that a connection's first socket operation already sees
+// its translated address.
+var hooks = []hook{
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(d *Datapath) *ebpf.Program { return d.lb.SlConnect4 }},
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(d *Datapath) *ebpf.Program { return d.lb.SlConnect6 }},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(d *Datapath) *ebpf.Program { return d.lb.SlSendmsg4 }},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(d *Datapath) *ebpf.Program { return d.lb.SlSendmsg6 }},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(d *Datapath) *ebpf.Program { return d.lb.SlRecvmsg4 }},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(d *Datapath) *ebpf.Program { return d.lb.SlRecvmsg6 }},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername4 }},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername6 }},
+	{"sockops", ebpf.AttachCGroupSockOps, func(d *Datapath) *ebpf.Program { return d.objs.SlSockops }},
+}
+
+const progPinPrefix = "prog_"
+
+func loadLBSpec() (*ebpf.CollectionSpec, error) {
+	spec, err := loadServicelb()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded service load balancer object: %w", err)
+	}
+	for _, m := range spec.Maps {
+		if strings.HasPrefix(m.Name, "sl_") {
+			m.Pinning = ebpf.PinByName
+		}
+	}
+	return spec, nil
+}
+
+// lbPrograms maps pin names to the load balancer's program fields.
+func (d *Datapath) lbPrograms() map[string]**ebpf.Program {
+	p := &d.lb.servicelbPrograms
+	return map[string]**ebpf.Program{
+		"sl_connect4": &p.SlConnect4, "sl_connect6": &p.SlConnect6,
+		"sl_sendmsg4": &p.SlSendmsg4, "sl_sendmsg6": &p.SlSendmsg6,
+		"sl_recvmsg4": &p.SlRecvmsg4, "sl_recvmsg6": &p.SlRecvmsg6,
+		"sl_getpeername4": &p.SlGetpeername4, "sl_getpeername6": &p.SlGetpeername6,
+	}
+}
+
+// createLB loads the load balancer into the pin directory and pins its
+// programs.
+func (d *Datapath) createLB() error {
+	spec, err := loadLBSpec()
+	if err != nil {
+		return err
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
+	if err := spec.LoadAndAssign(&d.lb, opts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("loading service load balancer (verifier rejected it): %+v", ve)
+		}
+		return fmt.Errorf("loading service load balancer: %w", err)
+	}
+	for name, p := range d.lbPrograms() {
+		if err := (*p).Pin(filepath.Join(d.cfg.PinDir, progPinPrefix+name)); err != nil {
+			return fmt.Errorf("pinning %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// adoptLB reuses the pinned load balancer maps and programs.
+func (d *Datapath) adoptLB() error {
+	spec, err := loadLBSpec()
+	if err != nil {
+		return err
+	}
+	maps := struct{ servicelbMaps }{}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
+	if err := spec.LoadAndAssign(&maps, opts); err != nil {
+		return fmt.Errorf("adopting pinned service maps in %s (incompatible or damaged: run `socklane down --force`): %w", d.cfg.PinDir, err)
+	}
+	d.lb.servicelbMaps = maps.servicelbMaps
+	for name, p := range d.lbPrograms() {
+		prog, err := ebpf.LoadPinnedProgram(filepath.Join(d.cfg.PinDir, progPinPrefix+name), nil)
+		if err != nil {
+			return fmt.Errorf("adopting pinned %s: %w", name, err)
+		}
+		*p = prog
+	}
+	return nil
+}

@@ -1,0 +1,310 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * socklane service load balancer: a socket that connects to (or, for
+ * unconnected UDP, sends to) a service's virtual IP and port gets a backend
+ * chosen once, in the socket layer: no per-packet NAT, no conntrack.
+ *
+ * connect4/6   TCP and connected UDP: VIP:port -> backend:targetPort.
+ * sendmsg4/6   unconnected UDP, the same, remembered per socket.
+ * recvmsg4/6   replies from a remembered backend appear to come from the VIP.
+ * getpeername4/6  a translated socket's peer is the VIP it asked for.
+ *
+ * Every hook runs for every socket of the attached cgroups, so the common
+ * case (not a service address) is one hash lookup that misses.
+ */
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "sl_consts.h"
+#include "sl_lb_structs.h"
+#include "sl_lb_maps.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Keeps the enums in BTF so that the Go side gets their names generated. */
+struct sl_lb_enums {
+	enum sl_lb_counter counter;
+	enum sl_member_state state;
+};
+const struct sl_lb_enums *sl_lb_enums_unused __attribute__((unused));
+
+#define SL_ECONNREFUSED 111
+
+static __always_inline void lb_count(enum sl_lb_counter c)
+{
+	__u32 zero = 0;
+	struct sl_lb_counters *cnt = bpf_map_lookup_elem(&sl_lb_stats, &zero);
+	if (cnt && c < SL_LB_MAX)
+		cnt->c[c]++;
+}
+
+static __always_inline int same_be(const struct sl_backend *a, const struct sl_backend *b)
+{
+	return a->ip[0] == b->ip[0] && a->ip[1] == b->ip[1] && a->ip[2] == b->ip[2] &&
+	       a->ip[3] == b->ip[3] && a->port == b->port;
+}
+
+static __always_inline void count_selected(__u32 id, const struct sl_backend *be)
+{
+	struct sl_member_key mk = {.id = id, .be = *be};
+	__u64 *n = bpf_map_lookup_elem(&sl_svc_selected, &mk);
+	if (n)
+		(*n)++;
+	lb_count(SL_LB_SELECTED);
+}
+
+/* Whether be still serves frontend id for a new choice: ready, or
+ * terminating while nothing is ready. */
+static __always_inline int member_usable(__u32 id, const struct sl_backend *be, const struct sl_svc_val *svc)
+{
+	struct sl_member_key mk = {.id = id, .be = *be};
+	struct sl_member *m = bpf_map_lookup_elem(&sl_svc_members, &mk);
+	if (!m)
+		return 0;
+	if (m->state == SL_MEMBER_READY)
+		return 1;
+	return m->state == SL_MEMBER_TERMINATING && svc->ready == 0;
+}
+
+/* Picks a backend for frontend key. Returns 1 and fills be, 0 if key is not
+ * a service, -1 if the service has no usable backend. */
+static __always_inline int pick(void *ctx, const struct sl_svc_key *key, struct sl_backend *be,
+				const struct sl_backend *prefer)
+{
+	struct sl_svc_val *svc = bpf_map_lookup_elem(&sl_svc, key);
+	if (!svc)
+		return 0;
+	__u32 id = svc->id;
+
+	/* The backend this socket already talks to (unconnected UDP). */
+	if (prefer && member_usable(id, prefer, svc)) {
+		*be = *prefer;
+		count_selected(id, be);
+		return 1;
+	}
+
+	struct sl_affinity_key ak = {};
+	__u64 now = 0;
+	if (svc->affinity_s) {
+		ak.netns = bpf_get_netns_cookie(ctx);
+		ak.cgroup = bpf_get_current_cgroup_id();
+		ak.id = id;
+		now = bpf_ktime_get_ns();
+		struct sl_affinity *a = bpf_map_lookup_elem(&sl_svc_affinity, &ak);
+		if (a && now - a->last_ns < (__u64)svc->affinity_s * 1000000000ull &&
+		    member_usable(id, &a->be, svc)) {
+			a->last_ns = now;
+			*be = a->be;
+			lb_count(SL_LB_AFFINITY_HITS);
+			count_selected(id, be);
+			return 1;
+		}
+	}
+
+	__u32 base = 0, n = svc->ready;
+	if (n == 0) {
+		base = svc->ready;
+		n = svc->terminating;
+		if (n == 0) {
+			lb_count(SL_LB_NO_BACKEND);
+			__u64 *r = bpf_map_lookup_elem(&sl_svc_refused, &id);
+			if (r)
+				(*r)++;
+			return -1;
+		}
+		lb_count(SL_LB_TERMINATING_USED);
+	}
+	struct sl_backend_key bk = {
+		.id = id,
+		.slot = ((__u32)svc->bank << SL_BANK_SHIFT) | (base + bpf_get_prandom_u32() % n),
+	};
+	struct sl_backend *b = bpf_map_lookup_elem(&sl_svc_backends, &bk);
+	if (!b) {
+		/* A bank being rewritten under us: treat as no backend rather
+		 * than connecting to the VIP itself. */
+		lb_count(SL_LB_NO_BACKEND);
+		return -1;
+	}
+	*be = *b;
+	if (svc->affinity_s) {
+		struct sl_affinity a = {.be = *b, .last_ns = now};
+		bpf_map_update_elem(&sl_svc_affinity, &ak, &a, BPF_ANY);
+	}
+	count_selected(id, be);
+	return 1;
+}
+
+/* Remembers vip -> be on the socket, replacing an entry for the same vip. */
+static __noinline void remember(struct bpf_sock *sk, const struct sl_backend *vip, const struct sl_backend *be)
+{
+	struct sl_lb_sock *st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		lb_count(SL_LB_ERR_STORAGE);
+		return;
+	}
+	__u32 slot = st->next % SL_LB_SOCK_NATS;
+	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
+		if (same_be(&st->nat[i].vip, vip)) {
+			slot = i;
+			break;
+		}
+	}
+	if (slot == st->next % SL_LB_SOCK_NATS)
+		st->next++;
+	if (slot < SL_LB_SOCK_NATS) {
+		st->nat[slot].vip = *vip;
+		st->nat[slot].be = *be;
+	}
+}
+
+/* The backend this socket was given for vip, if any. */
+static __noinline int remembered(struct bpf_sock *sk, const struct sl_backend *vip, struct sl_backend *be)
+{
+	struct sl_lb_sock *st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0);
+	if (!st)
+		return 0;
+	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
+		if (same_be(&st->nat[i].vip, vip)) {
+			*be = st->nat[i].be;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Turns a backend address back into the VIP the socket asked for. */
+static __noinline int reverse(struct bpf_sock *sk, struct sl_backend *addr)
+{
+	struct sl_lb_sock *st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0);
+	if (!st)
+		return 0;
+	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
+		if (st->nat[i].be.port && same_be(&st->nat[i].be, addr)) {
+			*addr = st->nat[i].vip;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static __always_inline void from4(struct bpf_sock_addr *ctx, struct sl_backend *a)
+{
+	a->ip[0] = 0;
+	a->ip[1] = 0;
+	a->ip[2] = bpf_htonl(0xffff);
+	a->ip[3] = ctx->user_ip4;
+	a->port = bpf_ntohs((__u16)ctx->user_port);
+	a->pad = 0;
+}
+
+static __always_inline void to4(struct bpf_sock_addr *ctx, const struct sl_backend *a)
+{
+	ctx->user_ip4 = a->ip[3];
+	ctx->user_port = bpf_htons(a->port);
+}
+
+static __always_inline void from6(struct bpf_sock_addr *ctx, struct sl_backend *a)
+{
+	a->ip[0] = ctx->user_ip6[0];
+	a->ip[1] = ctx->user_ip6[1];
+	a->ip[2] = ctx->user_ip6[2];
+	a->ip[3] = ctx->user_ip6[3];
+	a->port = bpf_ntohs((__u16)ctx->user_port);
+	a->pad = 0;
+}
+
+static __always_inline void to6(struct bpf_sock_addr *ctx, const struct sl_backend *a)
+{
+	ctx->user_ip6[0] = a->ip[0];
+	ctx->user_ip6[1] = a->ip[1];
+	ctx->user_ip6[2] = a->ip[2];
+	ctx->user_ip6[3] = a->ip[3];
+	ctx->user_port = bpf_htons(a->port);
+}
+
+static __always_inline void key_of(const struct sl_backend *vip, __u32 proto, struct sl_svc_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->ip[0] = vip->ip[0];
+	k->ip[1] = vip->ip[1];
+	k->ip[2] = vip->ip[2];
+	k->ip[3] = vip->ip[3];
+	k->port = vip->port;
+	k->proto = proto;
+}
+
+/* connect() and unconnected sends: returns the program's verdict. */
+static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int connected)
+{
+	__u32 proto = ctx->protocol;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 1;
+	struct sl_backend vip, be, prev;
+	if (v6)
+		from6(ctx, &vip);
+	else
+		from4(ctx, &vip);
+	struct sl_svc_key k;
+	key_of(&vip, proto, &k);
+	if (!bpf_map_lookup_elem(&sl_svc, &k))
+		return 1; /* not a service: the common case */
+	int have_prev = !connected && remembered(ctx->sk, &vip, &prev);
+	int r = pick(ctx, &k, &be, have_prev ? &prev : 0);
+	if (r == 0)
+		return 1;
+	if (r < 0) {
+		/* As kube-proxy's REJECT rule: connection refused, at once. */
+		bpf_set_retval(-SL_ECONNREFUSED);
+		return 0;
+	}
+	if (v6)
+		to6(ctx, &be);
+	else
+		to4(ctx, &be);
+	remember(ctx->sk, &vip, &be);
+	return 1;
+}
+
+static __always_inline int untranslate(struct bpf_sock_addr *ctx, int v6, enum sl_lb_counter c)
+{
+	struct sl_backend a;
+	if (v6)
+		from6(ctx, &a);
+	else
+		from4(ctx, &a);
+	if (!reverse(ctx->sk, &a))
+		return 1;
+	if (v6)
+		to6(ctx, &a);
+	else
+		to4(ctx, &a);
+	lb_count(c);
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int sl_connect4(struct bpf_sock_addr *ctx) { return translate(ctx, 0, 1); }
+
+SEC("cgroup/connect6")
+int sl_connect6(struct bpf_sock_addr *ctx) { return translate(ctx, 1, 1); }
+
+SEC("cgroup/sendmsg4")
+int sl_sendmsg4(struct bpf_sock_addr *ctx) { return translate(ctx, 0, 0); }
+
+SEC("cgroup/sendmsg6")
+int sl_sendmsg6(struct bpf_sock_addr *ctx) { return translate(ctx, 1, 0); }
+
+SEC("cgroup/recvmsg4")
+int sl_recvmsg4(struct bpf_sock_addr *ctx) { return untranslate(ctx, 0, SL_LB_UDP_REVERSED); }
+
+SEC("cgroup/recvmsg6")
+int sl_recvmsg6(struct bpf_sock_addr *ctx) { return untranslate(ctx, 1, SL_LB_UDP_REVERSED); }
+
+SEC("cgroup/getpeername4")
+int sl_getpeername4(struct bpf_sock_addr *ctx) { return untranslate(ctx, 0, SL_LB_PEERNAME); }
+
+SEC("cgroup/getpeername6")
+int sl_getpeername6(struct bpf_sock_addr *ctx) { return untranslate(ctx, 1, SL_LB_PEERNAME); }

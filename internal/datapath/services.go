@@ -1,0 +1,357 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/service"
+)
+
+// IP protocol numbers of service ports.
+const (
+	ipprotoTCP = 6
+	ipprotoUDP = 17
+)
+
+const bankShift = 16
+
+func addrWords(a netip.Addr) [4]uint32 {
+	b := a.As16() // IPv4 becomes IPv4-mapped IPv6, as the datapath keys it
+	var w [4]uint32
+	for i := range w {
+		// Network byte order in memory: the words are stored as read.
+		w[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+func wordsAddr(w [4]uint32) netip.Addr {
+	var b [16]byte
+	for i := range w {
+		binary.NativeEndian.PutUint32(b[4*i:], w[i])
+	}
+	return netip.AddrFrom16(b).Unmap()
+}
+
+func protoNum(p service.Protocol) uint8 {
+	if p == service.UDP {
+		return ipprotoUDP
+	}
+	return ipprotoTCP
+}
+
+// frontend is the datapath's view of one (VIP, port, protocol).
+type frontend struct {
+	key      servicelbSlSvcKey
+	backends []servicelbSlBackend // ready first, then terminating
+	ready    int
+	affinity uint32
+}
+
+func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
+	out := map[servicelbSlSvcKey]*frontend{}
+	for _, s := range set.Services {
+		for _, p := range s.Ports {
+			for _, vip := range s.VIPs {
+				f := &frontend{key: servicelbSlSvcKey{Ip: addrWords(vip), Port: p.Port, Proto: protoNum(p.Protocol)}}
+				if s.Affinity == service.AffinityClientIP {
+					f.affinity = uint32(s.Timeout / time.Second)
+				}
+				for _, ready := range []bool{true, false} {
+					for _, b := range s.Backends {
+						if b.IsReady() != ready || b.IP.Is4() != vip.Is4() {
+							continue
+						}
+						if !ready && !b.Terminating {
+							continue // not ready and not terminating: not serving
+						}
+						f.backends = append(f.backends, servicelbSlBackend{Ip: addrWords(b.IP), Port: p.TargetPort})
+						if ready {
+							f.ready++
+						}
+					}
+				}
+				out[f.key] = f
+			}
+		}
+	}
+	return out
+}
+
+// ApplyStats reports what an apply changed.
+type ApplyStats struct {
+	Frontends, Added, Updated, Removed int
+	Took                               time.Duration
+}
+
+// ApplyServices makes the load balancer serve exactly set. Each frontend
+// changes in one map update (its new backends are written to the bank not
+// in use first), so a connect sees the old backends or the new ones, never
+// a mix; connections already established are not touched.
+func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
+	start := time.Now()
+	var st ApplyStats
+	want := frontendsOf(set)
+	st.Frontends = len(want)
+	have := map[servicelbSlSvcKey]servicelbSlSvcVal{}
+	usedIDs := map[uint32]bool{}
+	var k servicelbSlSvcKey
+	var v servicelbSlSvcVal
+	it := d.lb.SlSvc.Iterate()
+	for it.Next(&k, &v) {
+		have[k] = v
+		usedIDs[v.Id] = true
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("reading services: %w", err)
+	}
+	members := map[uint32]map[servicelbSlBackend]bool{}
+	var mk servicelbSlMemberKey
+	var mv servicelbSlMember
+	mit := d.lb.SlSvcMembers.Iterate()
+	for mit.Next(&mk, &mv) {
+		if members[mk.Id] == nil {
+			members[mk.Id] = map[servicelbSlBackend]bool{}
+		}
+		members[mk.Id][mk.Be] = true
+	}
+	if err := mit.Err(); err != nil {
+		return st, fmt.Errorf("reading service members: %w", err)
+	}
+	nextID := uint32(1)
+	newID := func() uint32 {
+		for usedIDs[nextID] {
+			nextID++
+		}
+		usedIDs[nextID] = true
+		return nextID
+	}
+
+	var bKeys []servicelbSlBackendKey
+	var bVals []servicelbSlBackend
+	var mKeys []servicelbSlMemberKey
+	var mVals []servicelbSlMember
+	var sKeys []servicelbSlSvcKey
+	var sVals []servicelbSlSvcVal
+	var staleB []servicelbSlBackendKey
+	var staleM []servicelbSlMemberKey
+	var newSel []servicelbSlMemberKey
+	var newRefused []uint32
+	for key, f := range want {
+		old, exists := have[key]
+		val := servicelbSlSvcVal{Ready: uint16(f.ready), Terminating: uint16(len(f.backends) - f.ready), AffinityS: f.affinity}
+		if exists {
+			val.Id, val.Bank = old.Id, old.Bank^1
+			if sameBackends(d, old, f) && old.AffinityS == f.affinity {
+				continue
+			}
+			st.Updated++
+			for i := range int(old.Ready) + int(old.Terminating) {
+				staleB = append(staleB, servicelbSlBackendKey{Id: old.Id, Slot: uint32(old.Bank)<<bankShift | uint32(i)})
+			}
+		} else {
+			val.Id = newID()
+			st.Added++
+			newRefused = append(newRefused, val.Id)
+		}
+		now := map[servicelbSlBackend]bool{}
+		for i, b := range f.backends {
+			bKeys = append(bKeys, servicelbSlBackendKey{Id: val.Id, Slot: uint32(val.Bank)<<bankShift | uint32(i)})
+			bVals = append(bVals, b)
+			state := uint32(servicelbSlMemberStateSL_MEMBER_READY)
+			if i >= f.ready {
+				state = uint32(servicelbSlMemberStateSL_MEMBER_TERMINATING)
+			}
+			mk := servicelbSlMemberKey{Id: val.Id, Be: b}
+			mKeys = append(mKeys, mk)
+			mVals = append(mVals, servicelbSlMember{State: state})
+			if !members[val.Id][b] {
+				newSel = append(newSel, mk)
+			}
+			now[b] = true
+		}
+		for b := range members[val.Id] {
+			if !now[b] {
+				staleM = append(staleM, servicelbSlMemberKey{Id: val.Id, Be: b})
+			}
+		}
+		sKeys = append(sKeys, key)
+		sVals = append(sVals, val)
+	}
+	var goneIDs []uint32
+	var goneKeys []servicelbSlSvcKey
+	for key, old := range have {
+		if _, ok := want[key]; ok {
+			continue
+		}
+		st.Removed++
+		goneKeys = append(goneKeys, key)
+		goneIDs = append(goneIDs, old.Id)
+		for bank := range uint32(2) {
+			for i := range int(old.Ready) + int(old.Terminating) {
+				staleB = append(staleB, servicelbSlBackendKey{Id: old.Id, Slot: bank<<bankShift | uint32(i)})
+			}
+		}
+		for b := range members[old.Id] {
+			staleM = append(staleM, servicelbSlMemberKey{Id: old.Id, Be: b})
+		}
+	}
+
+	// New banks and members first, then publish, then clean up.
+	if err := batchPut(d.lb.SlSvcBackends, bKeys, bVals); err != nil {
+		return st, fmt.Errorf("writing backends: %w", err)
+	}
+	if err := batchPut(d.lb.SlSvcMembers, mKeys, mVals); err != nil {
+		return st, fmt.Errorf("writing service members: %w", err)
+	}
+	zero := make([]uint64, ebpf.MustPossibleCPU())
+	for _, k := range newSel {
+		if err := d.lb.SlSvcSelected.Update(k, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return st, fmt.Errorf("creating selection counters: %w", err)
+		}
+	}
+	for _, id := range newRefused {
+		if err := d.lb.SlSvcRefused.Update(id, zero, ebpf.UpdateAny); err != nil {
+			return st, fmt.Errorf("creating refusal counters: %w", err)
+		}
+	}
+	if err := batchPut(d.lb.SlSvc, sKeys, sVals); err != nil {
+		return st, fmt.Errorf("publishing services: %w", err)
+	}
+	if err := batchDel(d.lb.SlSvc, goneKeys); err != nil {
+		return st, fmt.Errorf("removing services: %w", err)
+	}
+	if err := batchDel(d.lb.SlSvcBackends, staleB); err != nil {
+		return st, fmt.Errorf("removing old backends: %w", err)
+	}
+	if err := batchDel(d.lb.SlSvcMembers, staleM); err != nil {
+		return st, fmt.Errorf("removing old members: %w", err)
+	}
+	if err := batchDel(d.lb.SlSvcSelected, staleM); err != nil {
+		return st, fmt.Errorf("removing old counters: %w", err)
+	}
+	if err := batchDel(d.lb.SlSvcRefused, goneIDs); err != nil {
+		return st, fmt.Errorf("removing old counters: %w", err)
+	}
+	st.Took = time.Since(start)
+	return st, nil
+}
+
+func sameBackends(d *Datapath, old servicelbSlSvcVal, f *frontend) bool {
+	if int(old.Ready) != f.ready || int(old.Ready)+int(old.Terminating) != len(f.backends) {
+		return false
+	}
+	for i, b := range f.backends {
+		var got servicelbSlBackend
+		if err := d.lb.SlSvcBackends.Lookup(servicelbSlBackendKey{Id: old.Id, Slot: uint32(old.Bank)<<bankShift | uint32(i)}, &got); err != nil || got != b {
+			return false
+		}
+	}
+	return true
+}
+
+const batchSize = 4096
+
+func batchPut[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	for i := 0; i < len(keys); i += batchSize {
+		j := min(i+batchSize, len(keys))
+		if _, err := m.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func batchDel[K any](m *ebpf.Map, keys []K) error {
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// Selection is how often the load balancer chose one backend of one
+// frontend.
+type Selection struct {
+	Frontend service.Frontend `json:"frontend"`
+	Backend  netip.AddrPort   `json:"backend"`
+	Count    uint64           `json:"count"`
+}
+
+// LBStats is the load balancer's state as the datapath sees it.
+type LBStats struct {
+	Counters   map[string]uint64 `json:"counters"`
+	Selections []Selection       `json:"selections"`
+	Refused    map[string]uint64 `json:"refused"` // per frontend
+}
+
+// ServiceStats reads the load balancer's counters.
+func (d *Datapath) ServiceStats() (*LBStats, error) {
+	out := &LBStats{Counters: map[string]uint64{}, Refused: map[string]uint64{}}
+	names, err := LBCounterNames()
+	if err != nil {
+		return nil, err
+	}
+	var perCPU []servicelbSlLbCounters
+	if err := d.lb.SlLbStats.Lookup(uint32(0), &perCPU); err != nil {
+		return nil, fmt.Errorf("reading load balancer counters: %w", err)
+	}
+	for i, name := range names {
+		for _, p := range perCPU {
+			if name != "" {
+				out.Counters[name] += p.C[i]
+			}
+		}
+	}
+	fronts := map[uint32]service.Frontend{}
+	var k servicelbSlSvcKey
+	var v servicelbSlSvcVal
+	it := d.lb.SlSvc.Iterate()
+	for it.Next(&k, &v) {
+		proto := service.TCP
+		if k.Proto == ipprotoUDP {
+			proto = service.UDP
+		}
+		fronts[v.Id] = service.Frontend{VIP: wordsAddr(k.Ip), Port: k.Port, Protocol: proto}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading services: %w", err)
+	}
+	var mk servicelbSlMemberKey
+	var counts []uint64
+	sit := d.lb.SlSvcSelected.Iterate()
+	for sit.Next(&mk, &counts) {
+		f, ok := fronts[mk.Id]
+		if !ok {
+			continue
+		}
+		var n uint64
+		for _, c := range counts {
+			n += c
+		}
+		out.Selections = append(out.Selections, Selection{Frontend: f, Backend: netip.AddrPortFrom(wordsAddr(mk.Be.Ip), mk.Be.Port), Count: n})
+	}
+	if err := sit.Err(); err != nil {
+		return nil, fmt.Errorf("reading selection counters: %w", err)
+	}
+	var id uint32
+	rit := d.lb.SlSvcRefused.Iterate()
+	for rit.Next(&id, &counts) {
+		if f, ok := fronts[id]; ok {
+			var n uint64
+			for _, c := range counts {
+				n += c
+			}
+			out.Refused[f.String()] = n
+		}
+	}
+	if err := rit.Err(); err != nil {
+		return nil, fmt.Errorf("reading refusal counters: %w", err)
+	}
+	return out, nil
+}

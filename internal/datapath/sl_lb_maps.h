@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: maps of the service load balancer. */
+#ifndef SL_LB_MAPS_H
+#define SL_LB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "sl_consts.h"
+#include "sl_lb_structs.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_FRONTENDS);
+	__type(key, struct sl_svc_key);
+	__type(value, struct sl_svc_val);
+} sl_svc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_BACKEND_SLOTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct sl_backend_key);
+	__type(value, struct sl_backend);
+} sl_svc_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_BACKEND_SLOTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct sl_member_key);
+	__type(value, struct sl_member);
+} sl_svc_members SEC(".maps");
+
+/* Selections per frontend and backend (same key as sl_svc_members). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, SL_MAX_BACKEND_SLOTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct sl_member_key);
+	__type(value, __u64);
+} sl_svc_selected SEC(".maps");
+
+/* Connects and sends refused per frontend id (no backend). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, SL_MAX_FRONTENDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u64);
+} sl_svc_refused SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SL_MAX_AFFINITY);
+	__type(key, struct sl_affinity_key);
+	__type(value, struct sl_affinity);
+} sl_svc_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sl_lb_sock);
+} sl_lb_sk SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sl_lb_counters);
+} sl_lb_stats SEC(".maps");
+
+#endif

@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: data structures of the service load balancer, shared with Go
+ * through BTF. Addresses are IPv6 or IPv4-mapped IPv6 in network order,
+ * ports in host order. */
+#ifndef SL_LB_STRUCTS_H
+#define SL_LB_STRUCTS_H
+
+#include <linux/types.h>
+
+/* A service frontend: virtual IP, port and protocol (IPPROTO_TCP/UDP). */
+struct sl_svc_key {
+	__u32 ip[4];
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* What a frontend balances over. Backends [0, ready) of the live bank are
+ * ready, [ready, ready + terminating) terminating (used only when none is
+ * ready). A new backend set is written to the other bank and published by
+ * one update of this value. */
+struct sl_svc_val {
+	__u32 id;          /* stable frontend id, keys backends, affinity and stats */
+	__u16 bank;        /* live backend bank: 0 or 1 */
+	__u16 flags;
+	__u16 ready;
+	__u16 terminating;
+	__u32 affinity_s;  /* ClientIP affinity timeout in seconds; 0: none */
+};
+
+struct sl_backend_key {
+	__u32 id;
+	__u32 slot;        /* bank << 16 | index */
+};
+
+struct sl_backend {
+	__u32 ip[4];
+	__u16 port;
+	__u16 pad;
+};
+
+/* Membership of a backend in a frontend: affinity checks it, and the
+ * per-backend selection counters share its key. */
+struct sl_member_key {
+	__u32 id;
+	__u32 pad;
+	struct sl_backend be;
+};
+
+enum sl_member_state {
+	SL_MEMBER_READY = 1,
+	SL_MEMBER_TERMINATING = 2,
+};
+
+struct sl_member {
+	__u32 state;       /* enum sl_member_state */
+	__u32 pad;
+};
+
+/* ClientIP affinity, per workload: network namespace and cgroup of the
+ * connecting socket, so that two pods never share an entry. */
+struct sl_affinity_key {
+	__u64 netns;
+	__u64 cgroup;
+	__u32 id;
+	__u32 pad;
+};
+
+struct sl_affinity {
+	struct sl_backend be;
+	__u64 last_ns;
+};
+
+/* One translation a socket made: the virtual address it asked for and the
+ * backend it got. */
+struct sl_nat {
+	struct sl_backend vip;
+	struct sl_backend be;
+};
+
+#define SL_LB_SOCK_NATS 8
+
+/* Per-socket translations (socket storage): getpeername answers with the
+ * VIP, and replies to unconnected UDP sends appear to come from it. */
+struct sl_lb_sock {
+	struct sl_nat nat[SL_LB_SOCK_NATS];
+	__u32 next;
+	__u32 pad;
+};
+
+/* Per-CPU counters of the load balancer. */
+enum sl_lb_counter {
+	SL_LB_SELECTED = 0,     /* backends chosen (connect and unconnected UDP sends) */
+	SL_LB_NO_BACKEND,       /* sends or connects refused: no ready or terminating backend */
+	SL_LB_AFFINITY_HITS,    /* choices made by ClientIP affinity */
+	SL_LB_TERMINATING_USED, /* choices of a terminating backend (none ready) */
+	SL_LB_UDP_REVERSED,     /* datagrams whose source was turned back into the VIP */
+	SL_LB_PEERNAME,         /* getpeername answers turned back into the VIP */
+	SL_LB_ERR_STORAGE,      /* socket storage unavailable: VIP not remembered */
+	SL_LB_MAX,
+};
+
+struct sl_lb_counters {
+	__u64 c[SL_LB_MAX];
+};
+
+#endif

@@ -1,0 +1,289 @@
+// Package service is socklane's model of cluster services: virtual IPs and
+// ports with their backends, as Kubernetes Services and EndpointSlices
+// describe them. It is independent of where services come from (a YAML file
+// today, the API server later) and of how the datapath stores them.
+package service
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Protocol of a service port.
+type Protocol string
+
+// Protocols a service port may use.
+const (
+	TCP Protocol = "TCP"
+	UDP Protocol = "UDP"
+)
+
+// Affinity is Kubernetes' sessionAffinity.
+type Affinity string
+
+// Session affinity kinds.
+const (
+	AffinityNone     Affinity = "None"
+	AffinityClientIP Affinity = "ClientIP"
+)
+
+// DefaultAffinityTimeout is Kubernetes' default sessionAffinityConfig
+// clientIP.timeoutSeconds (3 hours).
+const DefaultAffinityTimeout = 3 * time.Hour
+
+// MaxBackends bounds one service's backends (ready and terminating).
+const MaxBackends = 1024
+
+// Port is one port of a service.
+type Port struct {
+	Name       string   `yaml:"name,omitempty" json:"name,omitempty"`
+	Port       uint16   `yaml:"port" json:"port"`
+	Protocol   Protocol `yaml:"protocol,omitempty" json:"protocol"`
+	TargetPort uint16   `yaml:"targetPort,omitempty" json:"targetPort"`
+}
+
+// Backend is one endpoint of a service. Kubernetes' rule: terminating
+// endpoints receive new connections only when no endpoint is ready.
+type Backend struct {
+	IP          netip.Addr `yaml:"ip" json:"ip"`
+	Ready       *bool      `yaml:"ready,omitempty" json:"ready,omitempty"`
+	Terminating bool       `yaml:"terminating,omitempty" json:"terminating,omitempty"`
+}
+
+// IsReady reports whether the backend takes new connections normally
+// (ready defaults to true unless the backend is terminating).
+func (b Backend) IsReady() bool {
+	if b.Ready != nil {
+		return *b.Ready && !b.Terminating
+	}
+	return !b.Terminating
+}
+
+// Service is a named set of virtual IPs and ports and its backends.
+type Service struct {
+	Name      string        `yaml:"name" json:"name"`
+	Namespace string        `yaml:"namespace,omitempty" json:"namespace"`
+	VIPs      []netip.Addr  `yaml:"vips" json:"vips"`
+	Ports     []Port        `yaml:"ports" json:"ports"`
+	Affinity  Affinity      `yaml:"sessionAffinity,omitempty" json:"sessionAffinity"`
+	Timeout   time.Duration `yaml:"-" json:"sessionAffinityTimeout,omitempty"`
+	TimeoutS  *uint32       `yaml:"sessionAffinityTimeoutSeconds,omitempty" json:"-"`
+	Backends  []Backend     `yaml:"backends" json:"backends"`
+}
+
+// Key is the service's namespace/name.
+func (s *Service) Key() string { return s.Namespace + "/" + s.Name }
+
+// Frontend is one (VIP, port, protocol) a service answers on.
+type Frontend struct {
+	VIP      netip.Addr `json:"vip"`
+	Port     uint16     `json:"port"`
+	Protocol Protocol   `json:"protocol"`
+}
+
+func (f Frontend) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(f.VIP, f.Port), f.Protocol)
+}
+
+// Frontends lists every (VIP, port, protocol) of the service.
+func (s *Service) Frontends() []Frontend {
+	var out []Frontend
+	for _, v := range s.VIPs {
+		for _, p := range s.Ports {
+			out = append(out, Frontend{VIP: v, Port: p.Port, Protocol: p.Protocol})
+		}
+	}
+	return out
+}
+
+// Set is a validated, normalised set of services.
+type Set struct {
+	Services []*Service
+}
+
+// FieldError is a problem at one place of a service source.
+type FieldError struct {
+	Line  int    // 1-based line in the source; 0 if unknown
+	Field string // path such as services[2].ports[0].protocol
+	Msg   string
+}
+
+func (e *FieldError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("line %d: %s: %s", e.Line, e.Field, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", e.Field, e.Msg)
+}
+
+// Errors is every problem found; nothing of a source with errors applies.
+type Errors []*FieldError
+
+func (es Errors) Error() string {
+	var b strings.Builder
+	for i, e := range es {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString(e.Error())
+	}
+	return b.String()
+}
+
+// lines locates fields in the source for error messages.
+type lines func(field string) int
+
+// normalise fills defaults and checks every rule; it reports all problems.
+func normalise(svcs []*Service, at lines) (*Set, error) {
+	var errs Errors
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Line: at(field), Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	names := map[string]string{}
+	fronts := map[Frontend]string{}
+	for i, s := range svcs {
+		f := fmt.Sprintf("services[%d]", i)
+		if s == nil {
+			bad(f, "empty service")
+			continue
+		}
+		if s.Namespace == "" {
+			s.Namespace = "default"
+		}
+		if !dnsLabel(s.Name) {
+			bad(f+".name", "%q is not a DNS label (lower-case letters, digits and '-', at most 63)", s.Name)
+		}
+		if !dnsLabel(s.Namespace) {
+			bad(f+".namespace", "%q is not a DNS label", s.Namespace)
+		}
+		if prev, ok := names[s.Key()]; ok {
+			bad(f+".name", "service %s is defined twice (also at %s)", s.Key(), prev)
+		}
+		names[s.Key()] = f
+		if len(s.VIPs) == 0 {
+			bad(f+".vips", "a service needs at least one virtual IP")
+		}
+		fams := map[bool]bool{}
+		for j, v := range s.VIPs {
+			switch {
+			case !v.IsValid():
+				bad(fmt.Sprintf("%s.vips[%d]", f, j), "not an IP address")
+			case v.Is4In6():
+				bad(fmt.Sprintf("%s.vips[%d]", f, j), "%s: write IPv4 addresses in dotted form", v)
+			case v.IsUnspecified() || v.IsMulticast() || v.IsLoopback():
+				bad(fmt.Sprintf("%s.vips[%d]", f, j), "%s cannot be a service address", v)
+			default:
+				if fams[v.Is4()] {
+					bad(fmt.Sprintf("%s.vips[%d]", f, j), "at most one IPv4 and one IPv6 virtual IP")
+				}
+				fams[v.Is4()] = true
+			}
+		}
+		if len(s.Ports) == 0 {
+			bad(f+".ports", "a service needs at least one port")
+		}
+		seenPort := map[string]bool{}
+		for j := range s.Ports {
+			p := &s.Ports[j]
+			pf := fmt.Sprintf("%s.ports[%d]", f, j)
+			if p.Protocol == "" {
+				p.Protocol = TCP
+			}
+			p.Protocol = Protocol(strings.ToUpper(string(p.Protocol)))
+			if p.Protocol != TCP && p.Protocol != UDP {
+				bad(pf+".protocol", "%q: want TCP or UDP", p.Protocol)
+			}
+			if p.Port == 0 {
+				bad(pf+".port", "want a port from 1 to 65535")
+			}
+			if p.TargetPort == 0 {
+				p.TargetPort = p.Port
+			}
+			k := fmt.Sprintf("%d/%s", p.Port, p.Protocol)
+			if seenPort[k] {
+				bad(pf, "port %s listed twice", k)
+			}
+			seenPort[k] = true
+		}
+		switch s.Affinity {
+		case "", AffinityNone:
+			s.Affinity = AffinityNone
+			if s.TimeoutS != nil {
+				bad(f+".sessionAffinityTimeoutSeconds", "set only with sessionAffinity: ClientIP")
+			}
+		case AffinityClientIP:
+			s.Timeout = DefaultAffinityTimeout
+			if s.TimeoutS != nil {
+				if *s.TimeoutS == 0 || *s.TimeoutS > 86400 {
+					bad(f+".sessionAffinityTimeoutSeconds", "%d: want 1 to 86400 (Kubernetes' range)", *s.TimeoutS)
+				}
+				s.Timeout = time.Duration(*s.TimeoutS) * time.Second
+			}
+		default:
+			bad(f+".sessionAffinity", "%q: want None or ClientIP", s.Affinity)
+		}
+		if len(s.Backends) > MaxBackends {
+			bad(f+".backends", "%d backends, at most %d", len(s.Backends), MaxBackends)
+		}
+		seenIP := map[netip.Addr]bool{}
+		for j, b := range s.Backends {
+			bf := fmt.Sprintf("%s.backends[%d]", f, j)
+			switch {
+			case !b.IP.IsValid():
+				bad(bf+".ip", "not an IP address")
+				continue
+			case b.IP.Is4In6():
+				bad(bf+".ip", "%s: write IPv4 addresses in dotted form", b.IP)
+			case b.IP.IsUnspecified() || b.IP.IsMulticast():
+				bad(bf+".ip", "%s cannot be a backend", b.IP)
+			case !fams[b.IP.Is4()]:
+				bad(bf+".ip", "%s: the service has no virtual IP of this family", b.IP)
+			}
+			if seenIP[b.IP] {
+				bad(bf+".ip", "%s listed twice", b.IP)
+			}
+			seenIP[b.IP] = true
+		}
+		for _, fr := range s.Frontends() {
+			if prev, ok := fronts[fr]; ok && fr.VIP.IsValid() {
+				bad(f, "%s is already served by %s", fr, prev)
+			}
+			fronts[fr] = s.Key()
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	set := &Set{Services: svcs}
+	slices.SortFunc(set.Services, func(a, b *Service) int { return cmp.Compare(a.Key(), b.Key()) })
+	return set, nil
+}
+
+func dnsLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Find returns the service with the given namespace/name (namespace
+// "default" when key has none).
+func (s *Set) Find(key string) *Service {
+	if !strings.Contains(key, "/") {
+		key = "default/" + key
+	}
+	for _, svc := range s.Services {
+		if svc.Key() == key {
+			return svc
+		}
+	}
+	return nil
+}

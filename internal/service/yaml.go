@@ -1,0 +1,133 @@
+package service
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// File is the YAML service source:
+//
+//	services:
+//	  - name: web
+//	    namespace: shop            # default: default
+//	    vips: [198.19.0.10, "2001:db8:19::10"]
+//	    ports:
+//	      - {name: http, port: 80, protocol: TCP, targetPort: 8080}
+//	    sessionAffinity: ClientIP  # or None (default)
+//	    sessionAffinityTimeoutSeconds: 600
+//	    backends:
+//	      - {ip: 198.18.1.2}
+//	      - {ip: 198.18.1.3, terminating: true}
+type File struct {
+	Services []*Service `yaml:"services"`
+}
+
+// MaxFileSize bounds a service file.
+const MaxFileSize = 64 << 20
+
+// Parse reads and validates a YAML service source. Every problem is
+// reported with its line and field; a source with any problem yields no Set.
+func Parse(src []byte) (*Set, error) {
+	if len(src) > MaxFileSize {
+		return nil, fmt.Errorf("service file is %d bytes, at most %d", len(src), MaxFileSize)
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(src, &root); err != nil {
+		return nil, fmt.Errorf("parsing YAML: %w", err)
+	}
+	idx := map[string]*yaml.Node{}
+	index(&root, "", idx)
+	// Addresses first: their parse errors would otherwise lack a line.
+	var addrErrs Errors
+	for path, n := range idx {
+		if n.Kind == yaml.ScalarNode && addrField.MatchString(path) {
+			if _, err := netip.ParseAddr(n.Value); err != nil {
+				addrErrs = append(addrErrs, &FieldError{Line: n.Line, Field: path, Msg: fmt.Sprintf("%q is not an IP address", n.Value)})
+			}
+		}
+	}
+	if len(addrErrs) > 0 {
+		slices.SortFunc(addrErrs, func(a, b *FieldError) int { return cmp.Compare(a.Line, b.Line) })
+		return nil, addrErrs
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	dec.KnownFields(true)
+	var f File
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("reading services: %w", err)
+	}
+	if err := dec.Decode(new(File)); !errors.Is(err, io.EOF) {
+		return nil, errors.New("the service file holds more than one YAML document")
+	}
+	return normalise(f.Services, func(field string) int {
+		// A missing field is reported at its parent.
+		for field != "" {
+			if n, ok := idx[field]; ok {
+				return n.Line
+			}
+			i := strings.LastIndexAny(field, ".[")
+			if i < 0 {
+				break
+			}
+			field = field[:i]
+		}
+		return 0
+	})
+}
+
+// ParseFile is Parse on a file's contents.
+func ParseFile(path string) (*Set, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading service file: %w", err)
+	}
+	set, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return set, nil
+}
+
+// addrField matches the paths of address fields.
+var addrField = regexp.MustCompile(`^services\[\d+\]\.(vips\[\d+\]|backends\[\d+\]\.ip)$`)
+
+// index records the node of every field path (services[0].ports[1].port):
+// the key's node for a mapping entry, the item's for a sequence element.
+func index(n *yaml.Node, path string, out map[string]*yaml.Node) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			index(c, path, out)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			out[p] = k
+			if v.Kind == yaml.ScalarNode {
+				out[p] = v
+			}
+			index(v, p, out)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := path + "[" + strconv.Itoa(i) + "]"
+			out[p] = c
+			index(c, p, out)
+		}
+	}
+}
