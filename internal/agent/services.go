@@ -20,8 +20,8 @@ func StateDir(name string) string { return filepath.Join(StateRoot, name) }
 
 const servicesFile = "services.json"
 
-// ApplyServices validates nothing more (set is already valid), programs
-// the load balancer and records the set for `svc list`.
+// ApplyServices programs the load balancer with an already validated set
+// and records it for `svc list`.
 func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapath.ApplyStats, error) {
 	st, err := dp.ApplyServices(set)
 	if err != nil {

@@ -744,13 +744,6 @@ static __always_inline int peer_backlogged(__u32 slot, __u32 peer_role)
 	return queued > (__u32)limit;
 }
 
-/* Bytes moved socket to socket in direction dir. */
-static __always_inline void credit(struct sl_conn *c, __u32 dir, __u32 n)
-{
-	c->bytes[dir & 1] += n;
-	count(SL_C_REDIRECT_BYTES, n);
-}
-
 SEC("sk_msg")
 int sl_msg(struct sk_msg_md *msg)
 {
@@ -762,13 +755,14 @@ int sl_msg(struct sk_msg_md *msg)
 	if (!c)
 		return SK_PASS;
 	__u32 dir = st->role & 1;
+	/* One lookup of the counter block serves the whole run. */
+	struct sl_counters *cnt = counters();
 
-	if (st->win_left) {
-		/* The program runs again only once the kernel used up the
-		 * window opened by the previous verdict: count the rest of it. */
-		credit(c, dir, st->win_left);
-		st->win_left = 0;
-	}
+	/* The program runs again only once the kernel used up the window the
+	 * previous verdict opened: its rest was redirected, count it now. */
+	__u64 redirected = st->win_left;
+	st->win_left = 0;
+
 	if (st->path == SL_PATH_UNDECIDED)
 		decide_client(msg, st, c);
 	else if (!st->checked && dir == SL_ROLE_SERVER)
@@ -778,34 +772,43 @@ int sl_msg(struct sk_msg_md *msg)
 		/* The client moved the whole connection to TCP. */
 		st->path = SL_PATH_TCP;
 	}
+	__u8 reason = 0;
 	if (st->path == SL_PATH_BYPASS) {
-		__u8 reason = SL_C_FALLBACK_BACKLOG;
+		reason = SL_C_FALLBACK_BACKLOG;
 		if (!peer_backlogged(st->slot, dir ^ 1)) {
+			reason = SL_C_FALLBACK_PEER_GONE;
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
-				c->msgs[dir]++;
-				count(SL_C_REDIRECT_MSGS, 1);
-				credit(c, dir, len);
+				__u64 window = 0;
 				if (verdict_window && len < verdict_window &&
 				    !bpf_msg_apply_bytes(msg, verdict_window)) {
 					st->win_left = verdict_window - len;
-					count(SL_C_REDIRECT_WINDOWS, 1);
+					window = 1;
+				}
+				redirected += len;
+				c->msgs[dir]++;
+				c->bytes[dir] += redirected;
+				if (cnt) {
+					cnt->c[SL_C_REDIRECT_MSGS]++;
+					cnt->c[SL_C_REDIRECT_BYTES] += redirected;
+					cnt->c[SL_C_REDIRECT_WINDOWS] += window;
 				}
 				return SK_PASS;
 			}
-			reason = SL_C_FALLBACK_PEER_GONE;
 		}
 		/* One-way switch to TCP: never a miss returned as SK_DROP. */
 		st->path = SL_PATH_TCP;
 		c->path[dir] = SL_PATH_TCP;
 		c->reason[dir] = reason;
-		count(reason, 1);
 	}
+	c->bytes[dir] += redirected;
 	c->tcp_msgs[dir]++;
 	c->tcp_bytes[dir] += len;
-	struct sl_counters *cnt = counters();
 	if (cnt) {
+		cnt->c[SL_C_REDIRECT_BYTES] += redirected;
 		cnt->c[SL_C_PASS_MSGS]++;
 		cnt->c[SL_C_PASS_BYTES] += len;
+		if (reason && reason < SL_C_MAX)
+			cnt->c[reason]++;
 	}
 	return SK_PASS;
 }

@@ -202,23 +202,8 @@ func (d *Datapath) PinDir() string { return d.cfg.PinDir }
 
 // Close releases this process's handles; pinned objects stay.
 func (d *Datapath) Close() error {
-	return errors.Join(d.objs.Close(), closeAll(&d.lb.servicelbMaps, &d.lb.servicelbPrograms))
-}
-
-// closeAll closes generated object sets that may be partly loaded.
-func closeAll(ms *servicelbMaps, ps *servicelbPrograms) error {
-	var errs []error
-	for _, m := range []*ebpf.Map{ms.SlLbSk, ms.SlLbStats, ms.SlSvc, ms.SlSvcAffinity, ms.SlSvcBackends, ms.SlSvcMembers, ms.SlSvcRefused, ms.SlSvcSelected} {
-		if m != nil {
-			errs = append(errs, m.Close())
-		}
-	}
-	for _, p := range []*ebpf.Program{ps.SlConnect4, ps.SlConnect6, ps.SlSendmsg4, ps.SlSendmsg6, ps.SlRecvmsg4, ps.SlRecvmsg6, ps.SlGetpeername4, ps.SlGetpeername6} {
-		if p != nil {
-			errs = append(errs, p.Close())
-		}
-	}
-	return errors.Join(errs...)
+	// Generated Close methods skip objects never loaded (nil).
+	return errors.Join(d.objs.Close(), d.lb.Close())
 }
 
 // Attachment is the sl_sockops program attached to one cgroup.

@@ -69,14 +69,11 @@ static __always_inline int member_usable(__u32 id, const struct sl_backend *be, 
 	return m->state == SL_MEMBER_TERMINATING && svc->ready == 0;
 }
 
-/* Picks a backend for frontend key. Returns 1 and fills be, 0 if key is not
- * a service, -1 if the service has no usable backend. */
-static __always_inline int pick(void *ctx, const struct sl_svc_key *key, struct sl_backend *be,
+/* Picks a backend of svc. Returns 1 and fills be, or -1 if the service has
+ * no usable backend. */
+static __always_inline int pick(void *ctx, const struct sl_svc_val *svc, struct sl_backend *be,
 				const struct sl_backend *prefer)
 {
-	struct sl_svc_val *svc = bpf_map_lookup_elem(&sl_svc, key);
-	if (!svc)
-		return 0;
 	__u32 id = svc->id;
 
 	/* The backend this socket already talks to (unconnected UDP). */
@@ -137,7 +134,8 @@ static __always_inline int pick(void *ctx, const struct sl_svc_key *key, struct 
 	return 1;
 }
 
-/* Remembers vip -> be on the socket, replacing an entry for the same vip. */
+/* Remembers vip -> be on the socket: the entry for the same vip, or else
+ * the oldest one, is replaced. */
 static __noinline void remember(struct bpf_sock *sk, const struct sl_backend *vip, const struct sl_backend *be)
 {
 	struct sl_lb_sock *st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
@@ -145,15 +143,15 @@ static __noinline void remember(struct bpf_sock *sk, const struct sl_backend *vi
 		lb_count(SL_LB_ERR_STORAGE);
 		return;
 	}
-	__u32 slot = st->next % SL_LB_SOCK_NATS;
+	__u32 slot = SL_LB_SOCK_NATS;
 	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
 		if (same_be(&st->nat[i].vip, vip)) {
 			slot = i;
 			break;
 		}
 	}
-	if (slot == st->next % SL_LB_SOCK_NATS)
-		st->next++;
+	if (slot == SL_LB_SOCK_NATS)
+		slot = st->next++ % SL_LB_SOCK_NATS;
 	if (slot < SL_LB_SOCK_NATS) {
 		st->nat[slot].vip = *vip;
 		st->nat[slot].be = *be;
@@ -249,13 +247,11 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 		from4(ctx, &vip);
 	struct sl_svc_key k;
 	key_of(&vip, proto, &k);
-	if (!bpf_map_lookup_elem(&sl_svc, &k))
+	struct sl_svc_val *svc = bpf_map_lookup_elem(&sl_svc, &k);
+	if (!svc)
 		return 1; /* not a service: the common case */
 	int have_prev = !connected && remembered(ctx->sk, &vip, &prev);
-	int r = pick(ctx, &k, &be, have_prev ? &prev : 0);
-	if (r == 0)
-		return 1;
-	if (r < 0) {
+	if (pick(ctx, svc, &be, have_prev ? &prev : 0) < 0) {
 		/* As kube-proxy's REJECT rule: connection refused, at once. */
 		bpf_set_retval(-SL_ECONNREFUSED);
 		return 0;

@@ -222,19 +222,19 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	if err := batchPut(d.lb.SlSvc, sKeys, sVals); err != nil {
 		return st, fmt.Errorf("publishing services: %w", err)
 	}
-	if err := batchDel(d.lb.SlSvc, goneKeys); err != nil {
+	if err := deleteAll(d.lb.SlSvc, goneKeys); err != nil {
 		return st, fmt.Errorf("removing services: %w", err)
 	}
-	if err := batchDel(d.lb.SlSvcBackends, staleB); err != nil {
+	if err := deleteAll(d.lb.SlSvcBackends, staleB); err != nil {
 		return st, fmt.Errorf("removing old backends: %w", err)
 	}
-	if err := batchDel(d.lb.SlSvcMembers, staleM); err != nil {
+	if err := deleteAll(d.lb.SlSvcMembers, staleM); err != nil {
 		return st, fmt.Errorf("removing old members: %w", err)
 	}
-	if err := batchDel(d.lb.SlSvcSelected, staleM); err != nil {
+	if err := deleteAll(d.lb.SlSvcSelected, staleM); err != nil {
 		return st, fmt.Errorf("removing old counters: %w", err)
 	}
-	if err := batchDel(d.lb.SlSvcRefused, goneIDs); err != nil {
+	if err := deleteAll(d.lb.SlSvcRefused, goneIDs); err != nil {
 		return st, fmt.Errorf("removing old counters: %w", err)
 	}
 	st.Took = time.Since(start)
@@ -266,7 +266,8 @@ func batchPut[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 	return nil
 }
 
-func batchDel[K any](m *ebpf.Map, keys []K) error {
+// deleteAll deletes keys one by one; missing ones are fine.
+func deleteAll[K any](m *ebpf.Map, keys []K) error {
 	for _, k := range keys {
 		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err

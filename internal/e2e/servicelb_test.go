@@ -189,6 +189,7 @@ func TestServiceLB(t *testing.T) {
 		}
 	})
 	t.Run("no backend refuses at once", func(t *testing.T) {
+		before := lb.lbCounters(t)
 		startT := time.Now()
 		r := lb.probe(t, lb.client, "tcp", "198.19.0.12:80", 3)
 		if r.Errors["ECONNREFUSED"] != 3 {
@@ -197,17 +198,36 @@ func TestServiceLB(t *testing.T) {
 		if el := time.Since(startT); el > 5*time.Second {
 			t.Errorf("refusal took %s", el)
 		}
+		mustEqual(t, testutil.Delta(before, lb.lbCounters(t)), "no_backend", 3)
 	})
 	t.Run("terminating used when none ready", func(t *testing.T) {
+		before := lb.lbCounters(t)
 		r := lb.probe(t, lb.client, "tcp", "198.19.0.13:80", 20)
 		if r.Replies["be1"] != 20 {
 			t.Fatalf("want every connection on the terminating backend be1, got %v %v", r.Replies, r.Errors)
 		}
+		mustEqual(t, testutil.Delta(before, lb.lbCounters(t)), "terminating_used", 20)
 	})
-	t.Run("list shows selections", func(t *testing.T) {
+	t.Run("get shows per-backend selections", func(t *testing.T) {
 		out := lb.in.MustRun("svc", "get", "who")
 		if !strings.Contains(out, "default/who") || !strings.Contains(out, netip.AddrFrom4([4]byte{198, 19, 0, 10}).String()) {
 			t.Errorf("svc get who:\n%s", out)
+		}
+		var st struct {
+			Services []struct {
+				Selected map[string]uint64 `json:"selected"`
+			} `json:"services"`
+		}
+		if err := json.Unmarshal([]byte(lb.in.MustRun("svc", "get", "who", "-o", "json")), &st); err != nil || len(st.Services) != 1 {
+			t.Fatalf("svc get who -o json: %v %+v", err, st)
+		}
+		var sum uint64
+		for _, n := range st.Services[0].Selected {
+			sum += n
+		}
+		// The seven probes above, 200 each, all to "who".
+		if sum < 7*n {
+			t.Errorf("per-backend selections of who add up to %d, want >= %d: %v", sum, 7*n, st.Services[0].Selected)
 		}
 	})
 }
