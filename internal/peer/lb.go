@@ -21,18 +21,7 @@ func Whoami(ctx context.Context, network, addr, label string) error {
 		if err != nil {
 			return err
 		}
-		go func() { <-ctx.Done(); ln.Close() }()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
-			}
-			_, _ = c.Write([]byte(label))
-			c.Close()
-		}
+		return serveEach(ctx, ln, func(c net.Conn) { _, _ = c.Write([]byte(label)) })
 	case "udp":
 		pc, err := net.ListenPacket("udp", addr)
 		if err != nil {
