@@ -3,7 +3,7 @@
 GO ?= go
 BIN := bin/socklane
 
-.PHONY: help deps generate build demo test unit check-generated lint clean
+.PHONY: help deps generate build demo test unit check-generated metrics-doc lint clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
@@ -25,10 +25,13 @@ test: deps ## run the whole test suite (root; kernel tests run for real)
 	$(GO) test -count=1 -p 1 -timeout 40m ./...
 
 unit: ## tests that need no root
-	$(GO) test -count=1 ./internal/cgroups/ ./internal/peer/
+	$(GO) test -count=1 ./internal/cgroups/ ./internal/peer/ ./internal/service/ ./internal/sockdiag/ ./internal/metrics/
 
 check-generated: generate ## fail if committed generated files differ from a fresh build
 	git diff --exit-code -- internal/datapath/
+
+metrics-doc: ## regenerate docs/metrics.md from the metric definitions
+	$(GO) test -count=1 ./internal/metrics/ -run TestDoc -update
 
 lint: ## gofmt and vet
 	test -z "$$(gofmt -l .)"

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(clang-19 llvm-19 libbpf-dev linux-libc-dev iproute2 iptables util-linux
       redis-server redis-tools nginx-light curl tcpdump
-      qperf sockperf iperf3)
+      qperf sockperf iperf3 dnsmasq-base bind9-dnsutils nftables)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,7 +18,7 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# nginx and redis are started by the tests themselves, never as services.
+# nginx, redis and dnsmasq are started by the tests themselves, never as services.
 for s in nginx redis-server iperf3; do
   command -v systemctl >/dev/null 2>&1 && systemctl disable --now "$s" >/dev/null 2>&1 || true
   pkill -x "$s" 2>/dev/null || true

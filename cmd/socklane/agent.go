@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/socklane/socklane/internal/agent"
 	"github.com/spf13/cobra"
@@ -13,6 +14,10 @@ import (
 func newAgentCmd(g *globals) *cobra.Command {
 	var cgs []string
 	var set settingsFlags
+	var servicesFile string
+	var servicesInterval time.Duration
+	var metricsAddr string
+	var bpfStats bool
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the node agent in the foreground (loads or adopts the datapath and attaches it)",
@@ -25,10 +30,17 @@ socklane with 'socklane down'.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return agent.Run(ctx, set.config(g, cgs), g.logger(os.Stderr))
+			cfg := set.config(g, cgs)
+			cfg.ServicesFile, cfg.ServicesInterval = servicesFile, servicesInterval
+			cfg.MetricsAddress, cfg.BPFStats = metricsAddr, bpfStats
+			return agent.Run(ctx, cfg, g.logger(os.Stderr))
 		},
 	}
 	cmd.Flags().StringArrayVar(&cgs, "cgroup", nil, "cgroup v2 directory to attach to (repeatable; default: the cgroup v2 root)")
+	cmd.Flags().StringVar(&servicesFile, "services", "", "YAML service file to apply at start and again whenever it changes (a bad file is refused at start; later, it is logged and the applied services stay)")
+	cmd.Flags().DurationVar(&servicesInterval, "services-interval", agent.DefaultServicesInterval, "how often to check the service file for changes")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-address", agent.DefaultMetricsAddress, "serve Prometheus /metrics, /healthz and /readyz here (\"\" for none)")
+	cmd.Flags().BoolVar(&bpfStats, "bpf-stats", false, "turn the kernel's BPF run-time statistics on while the agent runs (per-program run counts and time in /metrics)")
 	set.add(cmd)
 	cmd.SetContext(context.Background())
 	return cmd

@@ -24,8 +24,10 @@ AF_UNIX, interleaved and repeated: ping-pong latency and stream throughput per
 message size, the tcp-bypasser 1 KiB echo, and short connections, pod to pod,
 over loopback inside one pod, and from the host to a pod, with client and
 server pinned to one CPU and to two. qperf, sockperf and iperf3, where
-installed, run pod to pod beside socklane's own client. Reports medians and
-ratios.`,
+installed, run pod to pod beside socklane's own client. The services
+measurement programs N services as kube-proxy's iptables rules and through
+socklane's connect-time load balancer and compares short connections to one of
+them and the programming time. Reports medians and ratios.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -74,7 +76,8 @@ ratios.`,
 	f.DurationVar(&o.Duration, "duration", time.Second, "length of each throughput run")
 	f.IntVar(&o.EchoCount, "echo-count", 250000, "echoed 1 KiB requests (the tcp-bypasser experiment)")
 	f.IntVar(&o.Connects, "connects", 2000, "short connections per run")
-	f.StringSliceVar(&o.Kinds, "measure", []string{bench.Latency, bench.Throughput, bench.Echo, bench.Connect}, "measurements: latency, throughput, echo, connect")
+	f.StringSliceVar(&o.Kinds, "measure", bench.Kinds(), "measurements: latency, throughput, echo, connect, services (kube-proxy iptables rules against socklane's load balancer)")
+	f.IntSliceVar(&o.ServiceCounts, "service-counts", []int{100, 1000, 10000}, "numbers of services for the services measurement")
 	f.Uint32Var(&o.VerdictWindow, "verdict-window", datapath.DefaultVerdictWindow, "the bypass's verdict window in bytes (0: a verdict per send)")
 	f.StringSliceVar(&o.Scenarios, "scenarios", bench.Scenarios(), "scenarios: pod-to-pod, loopback, host-to-pod")
 	f.StringSliceVar(&o.Tools, "tools", bench.InstalledTools(), "external tools run pod to pod beside socklane's client: qperf, sockperf, iperf3 (default: those installed; \"\" for none)")

@@ -138,6 +138,24 @@ func newPeerCmd() *cobra.Command {
 		return peer.Probe(ctx, mode, addr, count)
 	})
 	probe.Flags().StringVar(&mode, "mode", "tcp", "tcp, udp (connected) or udp-unconnected")
-	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe)
+	var holdMode, holdName string
+	var holdConns int
+	var holdFor time.Duration
+	hold := &cobra.Command{
+		Use:  "hold ADDR:PORT",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := ctx()
+			defer stop()
+			ctx, cancel := context.WithTimeout(ctx, holdFor)
+			defer cancel()
+			return peer.Hold(ctx, os.Stdout, holdMode, args[0], holdName, holdConns)
+		},
+	}
+	hold.Flags().StringVar(&holdMode, "mode", "tcp", "tcp, udp (connected; whoami servers) or dns (connected UDP, A query)")
+	hold.Flags().StringVar(&holdName, "name", "", "name to resolve in dns mode")
+	hold.Flags().IntVar(&holdConns, "conns", 8, "sockets to hold open")
+	hold.Flags().DurationVar(&holdFor, "for", 30*time.Second, "give up after this long")
+	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold)
 	return cmd
 }

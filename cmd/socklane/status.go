@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/socklane/socklane/internal/cgroups"
@@ -17,6 +18,13 @@ type statusReport struct {
 	Attachments []datapath.Attachment `json:"attachments"`
 	Sockets     int                   `json:"bypassed_sockets"`
 	Counters    map[string]uint64     `json:"counters"`
+	// The service load balancer: its counters, the connected sockets it
+	// remembers a backend for, and per service the connections (and
+	// unconnected UDP sends) each backend was chosen for and the
+	// no-backend refusals.
+	LBCounters     map[string]uint64 `json:"lb_counters"`
+	TrackedSockets int               `json:"lb_tracked_sockets"`
+	Services       []serviceView     `json:"services"`
 }
 
 func newStatusCmd(g *globals) *cobra.Command {
@@ -46,6 +54,14 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if rep.Counters, err = dp.Counters(); err != nil {
 				return err
 			}
+			var lb *datapath.LBStats
+			if rep.Services, lb, err = serviceViews(dp, g.name, ""); err != nil {
+				return err
+			}
+			rep.LBCounters = lb.Counters
+			if rep.TrackedSockets, err = dp.TrackedSockets(); err != nil {
+				return err
+			}
 			if g.json() {
 				return writeJSON(cmd.OutOrStdout(), rep)
 			}
@@ -62,6 +78,23 @@ func newStatusCmd(g *globals) *cobra.Command {
 			slices.Sort(keys)
 			for _, k := range keys {
 				fmt.Fprintf(w, "%s\t%d\n", k, rep.Counters[k])
+			}
+			fmt.Fprintf(w, "lb tracked sockets\t%d\n", rep.TrackedSockets)
+			keys = keys[:0]
+			for k := range rep.LBCounters {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				fmt.Fprintf(w, "lb %s\t%d\n", k, rep.LBCounters[k])
+			}
+			for _, v := range rep.Services {
+				bes := make([]string, 0, len(v.Selected))
+				for be, n := range v.Selected {
+					bes = append(bes, fmt.Sprintf("%s=%d", be, n))
+				}
+				slices.Sort(bes)
+				fmt.Fprintf(w, "service %s\tselected %s\trefused %d\n", v.Key(), strings.Join(bes, " "), v.Refused)
 			}
 			return w.Flush()
 		},

@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/service"
 	"github.com/spf13/cobra"
 )
@@ -41,10 +42,14 @@ func newSvcCmd(g *globals) *cobra.Command {
 			if g.json() {
 				return writeJSON(cmd.OutOrStdout(), map[string]any{
 					"services": len(set.Services), "frontends": st.Frontends, "added": st.Added,
-					"updated": st.Updated, "removed": st.Removed, "took_ms": st.Took.Seconds() * 1000})
+					"updated": st.Updated, "removed": st.Removed, "stale_backends": st.Stale,
+					"sockets_destroyed": st.Destroyed, "took_ms": st.Took.Seconds() * 1000})
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "applied %d services (%d frontends: %d added, %d updated, %d removed) in %s\n",
 				len(set.Services), st.Frontends, st.Added, st.Updated, st.Removed, st.Took.Round(100_000))
+			if st.Stale > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "%d backends left their services; %d of their connected sockets destroyed\n", st.Stale, st.Destroyed)
+			}
 			return nil
 		},
 	}
@@ -77,21 +82,18 @@ type serviceView struct {
 	Refused  uint64            `json:"refused"`
 }
 
-func showServices(cmd *cobra.Command, g *globals, only string) error {
-	dp, err := g.openPinned()
+// serviceViews joins the applied services (all, or only one) with the
+// load balancer's counters.
+func serviceViews(dp *datapath.Datapath, name, only string) ([]serviceView, *datapath.LBStats, error) {
+	svcs, err := agent.AppliedServices(name)
 	if err != nil {
-		return err
-	}
-	defer dp.Close()
-	svcs, err := agent.AppliedServices(g.name)
-	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	st, err := dp.ServiceStats()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	var views []serviceView
+	views := []serviceView{}
 	for _, s := range svcs {
 		if only != "" && s.Key() != only && "default/"+only != s.Key() {
 			continue
@@ -108,6 +110,19 @@ func showServices(cmd *cobra.Command, g *globals, only string) error {
 			}
 		}
 		views = append(views, v)
+	}
+	return views, st, nil
+}
+
+func showServices(cmd *cobra.Command, g *globals, only string) error {
+	dp, err := g.openPinned()
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	views, st, err := serviceViews(dp, g.name, only)
+	if err != nil {
+		return err
 	}
 	if only != "" && len(views) == 0 {
 		return fmt.Errorf("service %s is not applied (see `socklane svc list`)", only)

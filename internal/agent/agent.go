@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,8 @@ import (
 	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/service"
+	"golang.org/x/sys/unix"
 )
 
 // Config of one node agent.
@@ -31,6 +34,17 @@ type Config struct {
 	BlockingSockets string
 	// VerdictWindow: see datapath.Config.
 	VerdictWindow uint32
+	// ServicesFile, if set, is a YAML service file the agent applies at
+	// start and again whenever its content changes, checked every
+	// ServicesInterval (default DefaultServicesInterval).
+	ServicesFile     string
+	ServicesInterval time.Duration
+	// MetricsAddress is where to serve /metrics, /healthz and /readyz
+	// ("": nowhere).
+	MetricsAddress string
+	// BPFStats turns the kernel's BPF run-time statistics on while the
+	// agent runs (bpf_program_* metrics; costs tens of ns per run).
+	BPFStats bool
 }
 
 // Validate checks the settings that do not need the kernel.
@@ -42,6 +56,9 @@ func (c Config) Validate() error {
 	}
 	if c.VerdictWindow > datapath.MaxVerdictWindow {
 		return fmt.Errorf("--verdict-window %d: want at most %d bytes (0 runs a verdict per send)", c.VerdictWindow, datapath.MaxVerdictWindow)
+	}
+	if c.ServicesInterval < 0 || (c.ServicesInterval > 0 && c.ServicesInterval < 10*time.Millisecond) {
+		return fmt.Errorf("--services-interval %s: want at least 10ms", c.ServicesInterval)
 	}
 	return nil
 }
@@ -151,11 +168,54 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 // Run starts the agent and waits for ctx. The datapath stays pinned and
 // attached when Run returns: restarting the agent resets no connection.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	var set *service.Set
+	var sum [sha256.Size]byte
+	if cfg.ServicesFile != "" {
+		// A bad file stops the agent before it touches the node.
+		var err error
+		if set, sum, err = loadServiceFile(cfg.ServicesFile); err != nil {
+			return err
+		}
+	}
+	var web *httpServer
+	if cfg.MetricsAddress != "" {
+		var err error
+		if web, err = listenHTTP(cfg.MetricsAddress); err != nil {
+			return err
+		}
+		defer web.close()
+	}
+	if cfg.BPFStats {
+		stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+		if err != nil {
+			return fmt.Errorf("turning on BPF run-time statistics (--bpf-stats): %w", err)
+		}
+		defer stats.Close()
+	}
 	dp, err := Start(cfg, log)
 	if err != nil {
 		return err
 	}
 	defer dp.Close()
+	var watch *serviceWatch
+	var services <-chan time.Time
+	if set != nil {
+		watch = &serviceWatch{dp: dp, name: cfg.PinName, path: cfg.ServicesFile, log: log}
+		if err := watch.apply(set, sum); err != nil {
+			return err
+		}
+		interval := cfg.ServicesInterval
+		if interval == 0 {
+			interval = DefaultServicesInterval
+		}
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		services = t.C
+	}
+	if web != nil {
+		web.serve(dp, cfg.PinName, log)
+		web.ready.Store(true)
+	}
 	log.Info("agent running; the datapath stays in place when the agent stops (remove it with `socklane down`)")
 	tick := time.NewTicker(30 * time.Second)
 	defer tick.Stop()
@@ -164,6 +224,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		case <-ctx.Done():
 			log.Info("agent stopping", "reason", context.Cause(ctx))
 			return nil
+		case <-services:
+			watch.poll()
 		case <-tick.C:
 			if c, err := dp.Counters(); err == nil {
 				log.Info("bypass", "conns_bypassed", c["conns_bypassed"], "redirect_bytes", c["redirect_bytes"])

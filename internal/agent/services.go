@@ -9,6 +9,8 @@ import (
 
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/service"
+	"github.com/socklane/socklane/internal/sockdiag"
+	"golang.org/x/sys/unix"
 )
 
 // StateRoot holds what the datapath's maps cannot: the applied service
@@ -20,16 +22,39 @@ func StateDir(name string) string { return filepath.Join(StateRoot, name) }
 
 const servicesFile = "services.json"
 
-// ApplyServices programs the load balancer with an already validated set
-// and records it for `svc list`.
+// ApplyServices programs the load balancer with an already validated set,
+// records it for `svc list`, and destroys the connected sockets of
+// backends it removed, so that their clients reconnect to a live one.
+// Appliers of one instance (the agent's file watch, `svc apply`) take
+// turns through a lock file.
 func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapath.ApplyStats, error) {
+	dir := StateDir(name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return datapath.ApplyStats{}, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	unlock, err := lockFile(filepath.Join(dir, "apply.lock"))
+	if err != nil {
+		return datapath.ApplyStats{}, err
+	}
+	defer unlock()
 	st, err := dp.ApplyServices(set)
 	if err != nil {
 		return st, fmt.Errorf("applying services: %w", err)
 	}
-	dir := StateDir(name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return st, fmt.Errorf("creating %s: %w", dir, err)
+	stale, err := dp.StaleSockets(st)
+	if err != nil {
+		return st, err
+	}
+	if len(stale) > 0 {
+		targets := make([]sockdiag.Target, len(stale))
+		for i, s := range stale {
+			targets[i] = sockdiag.Target{Cookie: s.Cookie, Netns: s.Netns, Protocol: s.Protocol.Number()}
+		}
+		n, err := sockdiag.DestroyAll(targets)
+		st.Destroyed = n
+		if err != nil {
+			return st, fmt.Errorf("destroying sockets of removed backends: %w", err)
+		}
 	}
 	b, err := json.Marshal(set.Services)
 	if err != nil {
@@ -60,4 +85,17 @@ func AppliedServices(name string) ([]*service.Service, error) {
 		return nil, fmt.Errorf("reading applied services: %w", err)
 	}
 	return out, nil
+}
+
+// lockFile takes an exclusive lock on path, waiting for other holders.
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
 }

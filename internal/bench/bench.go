@@ -17,7 +17,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -36,6 +38,9 @@ const (
 	Echo       = "echo"       // tcp-bypasser: echoed 1 KiB requests
 	Connect    = "connect"    // connect + one request + close
 )
+
+// Kinds lists every measurement.
+func Kinds() []string { return []string{Latency, Throughput, Echo, Connect, Services} }
 
 // Paths compared in every measurement.
 const (
@@ -85,6 +90,9 @@ type Options struct {
 	Tools        []string
 	ToolSizes    []int
 	ToolDuration time.Duration
+	// ServiceCounts are the numbers of services of the services
+	// measurement (kube-proxy iptables rules against socklane).
+	ServiceCounts []int
 	// VerdictWindow is the datapath's verdict window (see datapath.Config).
 	VerdictWindow uint32
 	Progress      io.Writer // progress line (nil: none)
@@ -101,6 +109,7 @@ type Sample struct {
 	Mean, P50, P99, P999, Max float64 // microseconds (latency kinds)
 	MBps, MsgRate             float64 // throughput
 	Redirected                uint64  // messages the datapath redirected during the run
+	ProgramMs                 float64 `json:",omitempty"` // services: time to program them
 }
 
 // Case is one measurement at one size and placement, all repetitions.
@@ -115,6 +124,9 @@ type Case struct {
 
 // Paths the case is measured over: external tools have no AF_UNIX mode.
 func (c *Case) Paths() []string {
+	if c.Kind == Services {
+		return []string{PathIptables, PathSockLB}
+	}
 	if c.Tool != "" {
 		return []string{PathTCP, PathBypass}
 	}
@@ -156,6 +168,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Reps < 1 || o.Count < 1 || len(o.Sizes) == 0 {
 		return nil, errors.New("bench: need at least one repetition, one round trip and one size")
 	}
+	for _, k := range o.Kinds {
+		if !slices.Contains(Kinds(), k) {
+			return nil, fmt.Errorf("unknown measurement %q: want some of %v", k, Kinds())
+		}
+	}
 	for _, sc := range o.Scenarios {
 		if _, ok := scenarioText[sc]; !ok {
 			return nil, fmt.Errorf("unknown scenario %q: want %v", sc, Scenarios())
@@ -163,6 +180,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if err := checkTools(o.Tools); err != nil {
 		return nil, err
+	}
+	if slices.Contains(o.Kinds, Services) {
+		if err := checkServices(o); err != nil {
+			return nil, err
+		}
 	}
 	for _, p := range o.Placements {
 		if p.ClientCPU >= cpus() || p.ServerCPU >= cpus() {
@@ -215,6 +237,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer os.RemoveAll(sockDir)
 
 	r := &runner{o: o, self: self, client: client, server: server, host: host, dp: dp, ctx: ctx}
+	if slices.Contains(o.Kinds, Services) {
+		if r.backends, err = serviceBackends(server); err != nil {
+			return nil, err
+		}
+	}
 	// One echo server and one sink per placement, TCP and AF_UNIX.
 	for i, p := range o.Placements {
 		for _, kind := range []string{"echo", "sink"} {
@@ -292,6 +319,7 @@ type runner struct {
 	ctx            context.Context
 	servers        []*exec.Cmd
 	addrs          []serverAddrs
+	backends       []netip.Addr // service backends: the server's two addresses
 }
 
 func (r *runner) startServer(cpu int, kind, listen string) error {
@@ -337,6 +365,12 @@ func (r *runner) cases() []*Case {
 			add(k, 1024)
 		case Connect:
 			add(k, 64)
+		case Services:
+			for _, n := range r.o.ServiceCounts {
+				for _, p := range r.o.Placements {
+					cs = append(cs, &Case{Kind: k, Size: n, Placement: p.Name, Scenario: PodToPod, Samples: map[string][]Sample{}})
+				}
+			}
 		}
 	}
 	return append(cs, r.toolCases()...)
@@ -351,6 +385,16 @@ func (r *runner) clientPod(c *Case) *testbed.Pod {
 		return r.host
 	}
 	return r.client
+}
+
+// addrPort is the port of the echo server of the case's placement.
+func (r *runner) addrPort(c *Case) uint16 {
+	for _, a := range r.addrs {
+		if a.placement == c.Placement && a.kind == "echo" {
+			return a.port
+		}
+	}
+	return 0
 }
 
 func (r *runner) addr(c *Case, path string) string {
@@ -385,6 +429,9 @@ func (r *runner) clientCPU(c *Case) int {
 // measure runs one case over one path and checks, from the datapath's
 // counters, that the bytes took that path.
 func (r *runner) measure(c *Case, path string) (Sample, error) {
+	if c.Kind == Services {
+		return r.measureServices(c, path)
+	}
 	if path == PathBypass {
 		for _, p := range []*testbed.Pod{r.client, r.server, r.host} {
 			if _, err := r.dp.Attach(p.Cgroup, p.CgroupID); err != nil {
@@ -492,11 +539,14 @@ func progress(w io.Writer, done, total int, c *Case, path string) {
 	n := done * width / total
 	bar := bytes.Repeat([]byte("#"), n)
 	bar = append(bar, bytes.Repeat([]byte("."), width-n)...)
-	kind := c.Kind
+	kind, unit := c.Kind, "B"
 	if c.Tool != "" {
 		kind = c.Tool + " " + kind
 	}
-	fmt.Fprintf(w, "\r[%s] %3d%% %-19s %6d B %-11s %-9s %-6s", bar, done*100/total, kind, c.Size, c.Scenario, c.Placement, path)
+	if c.Kind == Services {
+		unit = "svc"
+	}
+	fmt.Fprintf(w, "\r[%s] %3d%% %-19s %6d %-3s %-11s %-9s %-11s", bar, done*100/total, kind, c.Size, unit, c.Scenario, c.Placement, path)
 }
 
 func progStats(dp *datapath.Datapath) map[string]ProgStat {
@@ -525,6 +575,7 @@ func progDelta(before, after map[string]ProgStat) []ProgStat {
 		}
 		out = append(out, ProgStat{Name: name, Runs: runs, NsRun: (a.NsRun - b.NsRun) / float64(runs)})
 	}
+	slices.SortFunc(out, func(a, b ProgStat) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

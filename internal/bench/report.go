@@ -38,9 +38,9 @@ func ratio(a, b float64) string {
 
 // Markdown writes the report's tables.
 func (r *Report) Markdown(w io.Writer) {
-	fmt.Fprintf(w, "Kernel %s, %d CPUs; medians of %d interleaved repetitions (TCP, bypass, AF_UNIX).\n", r.Kernel, r.CPUs, r.Reps)
+	fmt.Fprintf(w, "Kernel %s, %d CPUs; medians of %d interleaved repetitions of every path a table compares.\n", r.Kernel, r.CPUs, r.Reps)
 	for _, sc := range Scenarios() {
-		if d, ok := r.Scenarios[sc]; ok {
+		if d, ok := r.Scenarios[sc]; ok && slices.ContainsFunc(r.Cases, func(c *Case) bool { return c.Scenario == sc }) {
 			fmt.Fprintf(w, "Scenario %s: %s.\n", sc, d)
 		}
 	}
@@ -72,12 +72,41 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 	}
 	r.toolMarkdown(w)
+	r.servicesMarkdown(w)
 	if len(r.Programs) > 0 {
-		fmt.Fprintln(w, "\n### BPF program cost (kernel run-time statistics, all bypass runs)")
+		fmt.Fprintln(w, "\n### BPF program cost (kernel run-time statistics over the whole run)")
 		fmt.Fprintln(w, "\n| program | runs | ns per run |")
 		fmt.Fprintln(w, "|---|---:|---:|")
 		for _, p := range r.Programs {
 			fmt.Fprintf(w, "| %s | %d | %.0f |\n", p.Name, p.Runs, p.NsRun)
+		}
+	}
+}
+
+func programMs(s Sample) float64 { return s.ProgramMs }
+
+// servicesMarkdown compares socklane's load balancer with kube-proxy's
+// iptables rules per number of services.
+func (r *Report) servicesMarkdown(w io.Writer) {
+	for _, pl := range r.placements() {
+		rows := r.rows("", Services, PodToPod, pl)
+		if len(rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n### Services: kube-proxy iptables rules against socklane's connect-time load balancer, pod-to-pod, %s\n\n", pl)
+		fmt.Fprintln(w, "Short connections (connect + 64 B request + close) to one service of N; programming time of all N.")
+		fmt.Fprintln(w, "\n| services | iptables us | socklane us | connection rate socklane / iptables | iptables p99.9 us | socklane p99.9 us | iptables-restore ms | socklane apply ms |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, c := range rows {
+			t, s := c.Median(PathIptables, mean), c.Median(PathSockLB, mean)
+			fmt.Fprintf(w, "| %d | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %.1f |\n", c.Size, t, s, ratio(t, s),
+				c.Median(PathIptables, p999), c.Median(PathSockLB, p999), c.Median(PathIptables, programMs), c.Median(PathSockLB, programMs))
+		}
+		if len(rows) > 1 {
+			first, last := rows[0], rows[len(rows)-1]
+			fmt.Fprintf(w, "\nCost at %d services against %d: socklane %s, iptables %s.\n", last.Size, first.Size,
+				ratio(last.Median(PathSockLB, mean), first.Median(PathSockLB, mean)),
+				ratio(last.Median(PathIptables, mean), first.Median(PathIptables, mean)))
 		}
 	}
 }

@@ -409,6 +409,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->checked = 0;
 	st->win_left = 0;
 	c->server_netns = 0;
+	c->client_netns = bpf_get_netns_cookie(skops);
 
 	/* The client must be in the map before it is findable: the server
 	 * redirects to it as soon as it joins. */

@@ -23,6 +23,7 @@ type bypassSlConn struct {
 	TcpMsgs     [2]uint64
 	TcpBytes    [2]uint64
 	ServerNetns uint64
+	ClientNetns uint64
 	Path        [2]uint8
 	Reason      [2]uint8
 	Pad         uint32

@@ -28,6 +28,7 @@ var hooks = []hook{
 	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(d *Datapath) *ebpf.Program { return d.lb.SlRecvmsg6 }},
 	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername4 }},
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername6 }},
+	{"sockrelease", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.lb.SlSockRelease }},
 	{"sockops", ebpf.AttachCGroupSockOps, func(d *Datapath) *ebpf.Program { return d.objs.SlSockops }},
 }
 
@@ -54,6 +55,7 @@ func (d *Datapath) lbPrograms() map[string]**ebpf.Program {
 		"sl_sendmsg4": &p.SlSendmsg4, "sl_sendmsg6": &p.SlSendmsg6,
 		"sl_recvmsg4": &p.SlRecvmsg4, "sl_recvmsg6": &p.SlRecvmsg6,
 		"sl_getpeername4": &p.SlGetpeername4, "sl_getpeername6": &p.SlGetpeername6,
+		"sl_sock_release": &p.SlSockRelease,
 	}
 }
 

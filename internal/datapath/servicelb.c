@@ -10,6 +10,7 @@
  * sendmsg4/6   unconnected UDP, the same, remembered per socket.
  * recvmsg4/6   replies from a remembered backend appear to come from the VIP.
  * getpeername4/6  a translated socket's peer is the VIP it asked for.
+ * sock_release    forgets a connected socket recorded by connect4/6.
  *
  * Every hook runs for every socket of the attached cgroups, so the common
  * case (not a service address) is one hash lookup that misses.
@@ -52,7 +53,7 @@ static __always_inline void count_selected(__u32 id, const struct sl_backend *be
 	struct sl_member_key mk = {.id = id, .be = *be};
 	__u64 *n = bpf_map_lookup_elem(&sl_svc_selected, &mk);
 	if (n)
-		(*n)++;
+		__sync_fetch_and_add(n, 1);
 	lb_count(SL_LB_SELECTED);
 }
 
@@ -109,7 +110,7 @@ static __always_inline int pick(void *ctx, const struct sl_svc_val *svc, struct 
 			lb_count(SL_LB_NO_BACKEND);
 			__u64 *r = bpf_map_lookup_elem(&sl_svc_refused, &id);
 			if (r)
-				(*r)++;
+				__sync_fetch_and_add(r, 1);
 			return -1;
 		}
 		lb_count(SL_LB_TERMINATING_USED);
@@ -188,6 +189,22 @@ static __noinline int reverse(struct bpf_sock *sk, struct sl_backend *addr)
 	return 0;
 }
 
+/* Records a connected socket's backend, so that the agent can destroy
+ * the socket when the backend is removed. */
+static __always_inline void track(struct bpf_sock_addr *ctx, __u32 id, const struct sl_backend *be, __u32 proto)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct sl_lb_conn c = {
+		.member = {.id = id, .be = *be},
+		.netns = bpf_get_netns_cookie(ctx),
+		.proto = proto,
+	};
+	if (bpf_map_update_elem(&sl_lb_conns, &cookie, &c, BPF_ANY) == 0)
+		lb_count(SL_LB_CONNS_TRACKED);
+	else
+		lb_count(SL_LB_ERR_CONNS);
+}
+
 static __always_inline void from4(struct bpf_sock_addr *ctx, struct sl_backend *a)
 {
 	a->ip[0] = 0;
@@ -261,6 +278,8 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 	else
 		to4(ctx, &be);
 	remember(ctx->sk, &vip, &be);
+	if (connected)
+		track(ctx, svc->id, &be, proto);
 	return 1;
 }
 
@@ -304,3 +323,11 @@ int sl_getpeername4(struct bpf_sock_addr *ctx) { return untranslate(ctx, 0, SL_L
 
 SEC("cgroup/getpeername6")
 int sl_getpeername6(struct bpf_sock_addr *ctx) { return untranslate(ctx, 1, SL_LB_PEERNAME); }
+
+SEC("cgroup/sock_release")
+int sl_sock_release(struct bpf_sock *sk)
+{
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	bpf_map_delete_elem(&sl_lb_conns, &cookie);
+	return 1;
+}

@@ -34,6 +34,15 @@ type servicelbSlBackendKey struct {
 	Slot uint32
 }
 
+type servicelbSlLbConn struct {
+	_      structs.HostLayout
+	Member servicelbSlMemberKey
+	Pad0   uint32
+	Netns  uint64
+	Proto  uint8
+	Pad    [7]uint8
+}
+
 type servicelbSlLbCounter uint32
 
 const (
@@ -44,12 +53,14 @@ const (
 	servicelbSlLbCounterSL_LB_UDP_REVERSED     servicelbSlLbCounter = 4
 	servicelbSlLbCounterSL_LB_PEERNAME         servicelbSlLbCounter = 5
 	servicelbSlLbCounterSL_LB_ERR_STORAGE      servicelbSlLbCounter = 6
-	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 7
+	servicelbSlLbCounterSL_LB_CONNS_TRACKED    servicelbSlLbCounter = 7
+	servicelbSlLbCounterSL_LB_ERR_CONNS        servicelbSlLbCounter = 8
+	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 9
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [7]uint64
+	C [9]uint64
 }
 
 type servicelbSlMember struct {
@@ -94,6 +105,7 @@ type servicelbSlSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	servicelbMapSlLbConns       = "sl_lb_conns"
 	servicelbMapSlLbSk          = "sl_lb_sk"
 	servicelbMapSlLbStats       = "sl_lb_stats"
 	servicelbMapSlSvc           = "sl_svc"
@@ -110,6 +122,7 @@ const (
 	servicelbProgSlRecvmsg6     = "sl_recvmsg6"
 	servicelbProgSlSendmsg4     = "sl_sendmsg4"
 	servicelbProgSlSendmsg6     = "sl_sendmsg6"
+	servicelbProgSlSockRelease  = "sl_sock_release"
 	servicelbVarSlLbEnumsUnused = "sl_lb_enums_unused"
 )
 
@@ -163,12 +176,14 @@ type servicelbProgramSpecs struct {
 	SlRecvmsg6     *ebpf.ProgramSpec `ebpf:"sl_recvmsg6"`
 	SlSendmsg4     *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
 	SlSendmsg6     *ebpf.ProgramSpec `ebpf:"sl_sendmsg6"`
+	SlSockRelease  *ebpf.ProgramSpec `ebpf:"sl_sock_release"`
 }
 
 // servicelbMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type servicelbMapSpecs struct {
+	SlLbConns     *ebpf.MapSpec `ebpf:"sl_lb_conns"`
 	SlLbSk        *ebpf.MapSpec `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.MapSpec `ebpf:"sl_lb_stats"`
 	SlSvc         *ebpf.MapSpec `ebpf:"sl_svc"`
@@ -206,6 +221,7 @@ func (o *servicelbObjects) Close() error {
 //
 // It can be passed to loadServicelbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type servicelbMaps struct {
+	SlLbConns     *ebpf.Map `ebpf:"sl_lb_conns"`
 	SlLbSk        *ebpf.Map `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.Map `ebpf:"sl_lb_stats"`
 	SlSvc         *ebpf.Map `ebpf:"sl_svc"`
@@ -218,6 +234,7 @@ type servicelbMaps struct {
 
 func (m *servicelbMaps) Close() error {
 	return _ServicelbClose(
+		m.SlLbConns,
 		m.SlLbSk,
 		m.SlLbStats,
 		m.SlSvc,
@@ -248,6 +265,7 @@ type servicelbPrograms struct {
 	SlRecvmsg6     *ebpf.Program `ebpf:"sl_recvmsg6"`
 	SlSendmsg4     *ebpf.Program `ebpf:"sl_sendmsg4"`
 	SlSendmsg6     *ebpf.Program `ebpf:"sl_sendmsg6"`
+	SlSockRelease  *ebpf.Program `ebpf:"sl_sock_release"`
 }
 
 func (p *servicelbPrograms) Close() error {
@@ -260,6 +278,7 @@ func (p *servicelbPrograms) Close() error {
 		p.SlRecvmsg6,
 		p.SlSendmsg4,
 		p.SlSendmsg6,
+		p.SlSockRelease,
 	)
 }
 

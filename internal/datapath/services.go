@@ -37,13 +37,6 @@ func wordsAddr(w [4]uint32) netip.Addr {
 	return netip.AddrFrom16(b).Unmap()
 }
 
-func protoNum(p service.Protocol) uint8 {
-	if p == service.UDP {
-		return ipprotoUDP
-	}
-	return ipprotoTCP
-}
-
 // frontend is the datapath's view of one (VIP, port, protocol).
 type frontend struct {
 	key      servicelbSlSvcKey
@@ -57,7 +50,7 @@ func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
 	for _, s := range set.Services {
 		for _, p := range s.Ports {
 			for _, vip := range s.VIPs {
-				f := &frontend{key: servicelbSlSvcKey{Ip: addrWords(vip), Port: p.Port, Proto: protoNum(p.Protocol)}}
+				f := &frontend{key: servicelbSlSvcKey{Ip: addrWords(vip), Port: p.Port, Proto: p.Protocol.Number()}}
 				if s.Affinity == service.AffinityClientIP {
 					f.affinity = uint32(s.Timeout / time.Second)
 				}
@@ -85,7 +78,13 @@ func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
 // ApplyStats reports what an apply changed.
 type ApplyStats struct {
 	Frontends, Added, Updated, Removed int
-	Took                               time.Duration
+	// Stale counts the (frontend, backend) pairs the apply removed, and
+	// Destroyed the connected sockets of those pairs that were destroyed
+	// (filled in by whoever destroys them: see StaleSockets).
+	Stale, Destroyed int
+	Took             time.Duration
+
+	removed []servicelbSlMemberKey
 }
 
 // ApplyServices makes the load balancer serve exactly set. Each frontend
@@ -97,30 +96,28 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	var st ApplyStats
 	want := frontendsOf(set)
 	st.Frontends = len(want)
-	have := map[servicelbSlSvcKey]servicelbSlSvcVal{}
-	usedIDs := map[uint32]bool{}
-	var k servicelbSlSvcKey
-	var v servicelbSlSvcVal
-	it := d.lb.SlSvc.Iterate()
-	for it.Next(&k, &v) {
-		have[k] = v
-		usedIDs[v.Id] = true
-	}
-	if err := it.Err(); err != nil {
+	have, err := readAll[servicelbSlSvcKey, servicelbSlSvcVal](d.lb.SlSvc)
+	if err != nil {
 		return st, fmt.Errorf("reading services: %w", err)
 	}
+	usedIDs := make(map[uint32]bool, len(have))
+	for _, v := range have {
+		usedIDs[v.Id] = true
+	}
+	memberList, err := readAll[servicelbSlMemberKey, servicelbSlMember](d.lb.SlSvcMembers)
+	if err != nil {
+		return st, fmt.Errorf("reading service members: %w", err)
+	}
 	members := map[uint32]map[servicelbSlBackend]bool{}
-	var mk servicelbSlMemberKey
-	var mv servicelbSlMember
-	mit := d.lb.SlSvcMembers.Iterate()
-	for mit.Next(&mk, &mv) {
+	for mk := range memberList {
 		if members[mk.Id] == nil {
 			members[mk.Id] = map[servicelbSlBackend]bool{}
 		}
 		members[mk.Id][mk.Be] = true
 	}
-	if err := mit.Err(); err != nil {
-		return st, fmt.Errorf("reading service members: %w", err)
+	slots, err := readAll[servicelbSlBackendKey, servicelbSlBackend](d.lb.SlSvcBackends)
+	if err != nil {
+		return st, fmt.Errorf("reading backends: %w", err)
 	}
 	nextID := uint32(1)
 	newID := func() uint32 {
@@ -146,7 +143,7 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 		val := servicelbSlSvcVal{Ready: uint16(f.ready), Terminating: uint16(len(f.backends) - f.ready), AffinityS: f.affinity}
 		if exists {
 			val.Id, val.Bank = old.Id, old.Bank^1
-			if sameBackends(d, old, f) && old.AffinityS == f.affinity {
+			if sameBackends(slots, old, f) && old.AffinityS == f.affinity {
 				continue
 			}
 			st.Updated++
@@ -208,16 +205,13 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	if err := batchPut(d.lb.SlSvcMembers, mKeys, mVals); err != nil {
 		return st, fmt.Errorf("writing service members: %w", err)
 	}
-	zero := make([]uint64, ebpf.MustPossibleCPU())
-	for _, k := range newSel {
-		if err := d.lb.SlSvcSelected.Update(k, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-			return st, fmt.Errorf("creating selection counters: %w", err)
-		}
+	// Counters start at zero for members and frontends new to the
+	// load balancer; existing ones keep counting.
+	if err := batchPut(d.lb.SlSvcSelected, newSel, make([]uint64, len(newSel))); err != nil {
+		return st, fmt.Errorf("creating selection counters: %w", err)
 	}
-	for _, id := range newRefused {
-		if err := d.lb.SlSvcRefused.Update(id, zero, ebpf.UpdateAny); err != nil {
-			return st, fmt.Errorf("creating refusal counters: %w", err)
-		}
+	if err := batchPut(d.lb.SlSvcRefused, newRefused, make([]uint64, len(newRefused))); err != nil {
+		return st, fmt.Errorf("creating refusal counters: %w", err)
 	}
 	if err := batchPut(d.lb.SlSvc, sKeys, sVals); err != nil {
 		return st, fmt.Errorf("publishing services: %w", err)
@@ -228,6 +222,7 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	if err := deleteAll(d.lb.SlSvcBackends, staleB); err != nil {
 		return st, fmt.Errorf("removing old backends: %w", err)
 	}
+	st.removed, st.Stale = staleM, len(staleM)
 	if err := deleteAll(d.lb.SlSvcMembers, staleM); err != nil {
 		return st, fmt.Errorf("removing old members: %w", err)
 	}
@@ -241,13 +236,13 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	return st, nil
 }
 
-func sameBackends(d *Datapath, old servicelbSlSvcVal, f *frontend) bool {
+func sameBackends(slots map[servicelbSlBackendKey]servicelbSlBackend, old servicelbSlSvcVal, f *frontend) bool {
 	if int(old.Ready) != f.ready || int(old.Ready)+int(old.Terminating) != len(f.backends) {
 		return false
 	}
 	for i, b := range f.backends {
-		var got servicelbSlBackend
-		if err := d.lb.SlSvcBackends.Lookup(servicelbSlBackendKey{Id: old.Id, Slot: uint32(old.Bank)<<bankShift | uint32(i)}, &got); err != nil || got != b {
+		got, ok := slots[servicelbSlBackendKey{Id: old.Id, Slot: uint32(old.Bank)<<bankShift | uint32(i)}]
+		if !ok || got != b {
 			return false
 		}
 	}
@@ -266,8 +261,60 @@ func batchPut[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 	return nil
 }
 
-// deleteAll deletes keys one by one; missing ones are fine.
+// readAll reads a whole (not per-CPU) map in batches.
+func readAll[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
+	out := map[K]V{}
+	keys, vals := make([]K, batchSize), make([]V, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			out[keys[i]] = vals[i]
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return out, nil
+		case errors.Is(err, ebpf.ErrNotSupported):
+			return readEach[K, V](m)
+		case err != nil:
+			return nil, err
+		}
+	}
+}
+
+func readEach[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
+	out := map[K]V{}
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	return out, it.Err()
+}
+
+// deleteAll deletes keys in batches; missing ones are fine. The kernel
+// deletes a batch in order and stops at the first missing key, which is
+// skipped.
 func deleteAll[K any](m *ebpf.Map, keys []K) error {
+	for i := 0; i < len(keys); {
+		j := min(i+batchSize, len(keys))
+		n, err := m.BatchDelete(keys[i:j], nil)
+		i += n
+		switch {
+		case err == nil:
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			i++
+		case errors.Is(err, ebpf.ErrNotSupported):
+			return deleteEach(m, keys[i:])
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+func deleteEach[K any](m *ebpf.Map, keys []K) error {
 	for _, k := range keys {
 		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
@@ -323,36 +370,23 @@ func (d *Datapath) ServiceStats() (*LBStats, error) {
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading services: %w", err)
 	}
-	var mk servicelbSlMemberKey
-	var counts []uint64
-	sit := d.lb.SlSvcSelected.Iterate()
-	for sit.Next(&mk, &counts) {
-		f, ok := fronts[mk.Id]
-		if !ok {
-			continue
-		}
-		var n uint64
-		for _, c := range counts {
-			n += c
-		}
-		out.Selections = append(out.Selections, Selection{Frontend: f, Backend: netip.AddrPortFrom(wordsAddr(mk.Be.Ip), mk.Be.Port), Count: n})
-	}
-	if err := sit.Err(); err != nil {
+	selected, err := readAll[servicelbSlMemberKey, uint64](d.lb.SlSvcSelected)
+	if err != nil {
 		return nil, fmt.Errorf("reading selection counters: %w", err)
 	}
-	var id uint32
-	rit := d.lb.SlSvcRefused.Iterate()
-	for rit.Next(&id, &counts) {
-		if f, ok := fronts[id]; ok {
-			var n uint64
-			for _, c := range counts {
-				n += c
-			}
-			out.Refused[f.String()] = n
+	for mk, n := range selected {
+		if f, ok := fronts[mk.Id]; ok {
+			out.Selections = append(out.Selections, Selection{Frontend: f, Backend: netip.AddrPortFrom(wordsAddr(mk.Be.Ip), mk.Be.Port), Count: n})
 		}
 	}
-	if err := rit.Err(); err != nil {
+	refused, err := readAll[uint32, uint64](d.lb.SlSvcRefused)
+	if err != nil {
 		return nil, fmt.Errorf("reading refusal counters: %w", err)
+	}
+	for id, n := range refused {
+		if f, ok := fronts[id]; ok {
+			out.Refused[f.String()] = n
+		}
 	}
 	return out, nil
 }

@@ -66,6 +66,7 @@ enum sl_role {
 #define SL_MAX_FRONTENDS 131072      /* (VIP, port, protocol) entries */
 #define SL_MAX_BACKEND_SLOTS 1048576 /* backends over all frontends and both banks */
 #define SL_MAX_AFFINITY 262144       /* ClientIP affinity entries */
+#define SL_MAX_LB_CONNS 131072      /* translated connected sockets */
 #define SL_BANK_SHIFT 16
 
 #endif

@@ -31,18 +31,21 @@ struct {
 	__type(value, struct sl_member);
 } sl_svc_members SEC(".maps");
 
-/* Selections per frontend and backend (same key as sl_svc_members). */
+/* Selections per frontend and backend (same key as sl_svc_members).
+ * Shared counters, added to atomically: per-CPU hash elements cost tens
+ * of microseconds each to allocate and free, which made programming
+ * 10,000 services take seconds. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_MAX_BACKEND_SLOTS);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct sl_member_key);
 	__type(value, __u64);
 } sl_svc_selected SEC(".maps");
 
-/* Connects and sends refused per frontend id (no backend). */
+/* Connects and sends refused per frontend id (no backend); shared. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_MAX_FRONTENDS);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
@@ -62,6 +65,16 @@ struct {
 	__type(key, int);
 	__type(value, struct sl_lb_sock);
 } sl_lb_sk SEC(".maps");
+
+/* Translated connected sockets by cookie. An entry leaves when its socket
+ * is released (sl_sock_release); LRU only as a bound, should sockets
+ * outlive the programs that would remove them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SL_MAX_LB_CONNS);
+	__type(key, __u64);
+	__type(value, struct sl_lb_conn);
+} sl_lb_conns SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -88,6 +88,17 @@ struct sl_lb_sock {
 	__u32 pad;
 };
 
+/* A connected socket (TCP, or UDP after connect()) that the load balancer
+ * sent to a backend, keyed by socket cookie: when the backend leaves the
+ * frontend, the agent finds its sockets here and destroys them. */
+struct sl_lb_conn {
+	struct sl_member_key member; /* frontend id and backend */
+	__u32 pad0;
+	__u64 netns;                 /* network namespace cookie of the socket */
+	__u8 proto;                  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[7];
+};
+
 /* Per-CPU counters of the load balancer. */
 enum sl_lb_counter {
 	SL_LB_SELECTED = 0,     /* backends chosen (connect and unconnected UDP sends) */
@@ -97,6 +108,8 @@ enum sl_lb_counter {
 	SL_LB_UDP_REVERSED,     /* datagrams whose source was turned back into the VIP */
 	SL_LB_PEERNAME,         /* getpeername answers turned back into the VIP */
 	SL_LB_ERR_STORAGE,      /* socket storage unavailable: VIP not remembered */
+	SL_LB_CONNS_TRACKED,    /* connected sockets recorded for destruction on backend removal */
+	SL_LB_ERR_CONNS,        /* connected socket could not be recorded */
 	SL_LB_MAX,
 };
 

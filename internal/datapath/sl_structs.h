@@ -41,6 +41,7 @@ struct sl_conn {
 	__u64 tcp_msgs[2];        /* messages that went through TCP, per direction */
 	__u64 tcp_bytes[2];
 	__u64 server_netns;       /* the server socket's network namespace cookie */
+	__u64 client_netns;       /* the client socket's network namespace cookie */
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
 	__u32 pad;

@@ -84,13 +84,15 @@ type Direction struct {
 
 // Conn is one row of the connection table.
 type Conn struct {
-	Slot    uint32         `json:"slot"`
-	State   string         `json:"state"`
-	Client  netip.AddrPort `json:"client"`
-	Server  netip.AddrPort `json:"server"`
-	NetNS   uint64         `json:"netns_cookie,omitempty"`
-	Age     time.Duration  `json:"age_ns"`
-	Members []string       `json:"members"`
+	Slot   uint32         `json:"slot"`
+	State  string         `json:"state"`
+	Client netip.AddrPort `json:"client"`
+	Server netip.AddrPort `json:"server"`
+	NetNS  uint64         `json:"netns_cookie,omitempty"` // the client's
+	// ServerNetNS is the server socket's network namespace cookie.
+	ServerNetNS uint64        `json:"server_netns_cookie,omitempty"`
+	Age         time.Duration `json:"age_ns"`
+	Members     []string      `json:"members"`
 	// ClientToServer and ServerToClient are the two directions.
 	ClientToServer Direction `json:"client_to_server"`
 	ServerToClient Direction `json:"server_to_client"`
@@ -148,11 +150,12 @@ func (d *Datapath) Conns() ([]Conn, error) {
 				continue
 			}
 			row := Conn{
-				Slot:   keys[i],
-				State:  stateNames[state],
-				Client: netip.AddrPortFrom(addrOf(c.Client.LocalIp), c.Client.LocalPort),
-				Server: netip.AddrPortFrom(addrOf(c.Client.RemoteIp), c.Client.RemotePort),
-				NetNS:  c.Client.Netns,
+				Slot:        keys[i],
+				State:       stateNames[state],
+				Client:      netip.AddrPortFrom(addrOf(c.Client.LocalIp), c.Client.LocalPort),
+				Server:      netip.AddrPortFrom(addrOf(c.Client.RemoteIp), c.Client.RemotePort),
+				NetNS:       c.ClientNetns,
+				ServerNetNS: c.ServerNetns,
 			}
 			if nowNs > c.StartNs {
 				row.Age = time.Duration(nowNs - c.StartNs)
@@ -187,5 +190,11 @@ func (d *Datapath) Conns() ([]Conn, error) {
 
 // Programs returns the datapath's programs (for their kernel statistics).
 func (d *Datapath) Programs() []*ebpf.Program {
-	return []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg}
+	out := []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg}
+	for _, p := range d.lbPrograms() {
+		if *p != nil {
+			out = append(out, *p)
+		}
+	}
+	return out
 }

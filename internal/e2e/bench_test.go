@@ -31,12 +31,12 @@ func TestBench(t *testing.T) {
 	}
 	cmd := exec.CommandContext(ctx, bin, "bench", "--reps", "2", "--sizes", "1,4096", "--count", "200",
 		"--duration", "50ms", "--echo-count", "200", "--connects", "20", "--json", jsonPath, "--svg", svgPath,
-		"--tools", strings.Join(tools, ","), "--tool-sizes", "64", "--tool-duration", "1s")
+		"--tools", strings.Join(tools, ","), "--tool-sizes", "64", "--tool-duration", "1s", "--service-counts", "10,300")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("socklane bench: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "| bypass / TCP |") {
+	if !strings.Contains(string(out), "| bypass / TCP |") || !strings.Contains(string(out), "iptables-restore ms") {
 		t.Errorf("no Markdown table in the output:\n%s", out)
 	}
 	b, err := os.ReadFile(jsonPath)
@@ -50,12 +50,13 @@ func TestBench(t *testing.T) {
 	// socklane's client: 2 sizes x (latency + throughput) + echo + connect,
 	// in 3 scenarios, on 2 placements. Tools, pod to pod at one size on 2
 	// placements: qperf and sockperf latency + throughput, iperf3 throughput.
-	if want := (2*2+2)*3*2 + (2+2+1)*2; len(rep.Cases) != want {
+	// Services: 2 counts on 2 placements.
+	if want := (2*2+2)*3*2 + (2+2+1)*2 + 2*2; len(rep.Cases) != want {
 		t.Fatalf("%d cases, want %d", len(rep.Cases), want)
 	}
 	seen := map[string]bool{}
 	for _, c := range rep.Cases {
-		seen[c.Scenario] = true
+		seen[c.Scenario], seen[c.Kind] = true, true
 		if c.Tool != "" {
 			seen[c.Tool] = true
 		}
@@ -68,13 +69,16 @@ func TestBench(t *testing.T) {
 				if (path == bench.PathBypass) != (s.Redirected > 0) {
 					t.Errorf("%s%s %d %s %s %s: %d messages redirected", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, s.Redirected)
 				}
+				if c.Kind == bench.Services && s.ProgramMs <= 0 {
+					t.Errorf("services %d %s %s: no programming time", c.Size, c.Placement, path)
+				}
 				if s.Mean == 0 && s.MBps == 0 {
 					t.Errorf("%s%s %d %s %s %s: empty sample", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path)
 				}
 			}
 		}
 	}
-	for _, want := range append(bench.Scenarios(), tools...) {
+	for _, want := range append(append(bench.Scenarios(), tools...), bench.Services) {
 		if !seen[want] {
 			t.Errorf("nothing ran for %s", want)
 		}

@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
@@ -178,40 +181,95 @@ func TestRemotePeerNotRedirected(t *testing.T) {
 	}
 }
 
-// TestConnsTable checks `socklane conns` against a live bypassed connection.
+// TestConnsTable checks `socklane conns` against live bypassed
+// connections from two client pods: byte counts, filters by pod, port and
+// address, and --watch.
 func TestConnsTable(t *testing.T) {
 	b := testutil.Bed(t)
 	in := testutil.NewInstance(t)
-	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-	in.Attach(srv, cli)
-	echo := start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7000")
-	_ = echo
+	srv, cli, cli2 := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client"), testutil.Pod(t, b, "client2")
+	in.Attach(srv, cli, cli2)
+	start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7000")
+	start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7001")
 	waitPort(t, srv, "0.0.0.0:7000")
-	// Hold a connection open with nc-like ping-pong in the background.
-	pp := start(t, cli, in.Bin, "peer", "pingpong", netip.AddrPortFrom(srv.IPv4, 7000).String(), "--size", "100", "--count", "2000000", "--warmup", "0")
-	var conns []struct {
+	waitPort(t, srv, "0.0.0.0:7001")
+	// Hold connections open with ping-pong in the background.
+	for _, c := range []struct {
+		pod  *testbed.Pod
+		port int
+	}{{cli, 7000}, {cli2, 7001}} {
+		pp := start(t, c.pod, in.Bin, "peer", "pingpong", fmt.Sprintf("%s:%d", srv.IPv4, c.port), "--size", "100", "--count", "2000000", "--warmup", "0")
+		t.Cleanup(func() { _ = pp.cmd.Process.Kill() })
+	}
+	type row struct {
 		State          string `json:"state"`
 		Client, Server string
 		ClientToServer struct{ Bytes uint64 } `json:"client_to_server"`
 		ServerToClient struct{ Bytes uint64 } `json:"server_to_client"`
 	}
-	for i := 0; i < 50; i++ {
-		if err := json.Unmarshal([]byte(in.MustRun("conns", "-o", "json")), &conns); err != nil {
+	list := func(args ...string) []row {
+		t.Helper()
+		var rows []row
+		if err := json.Unmarshal([]byte(in.MustRun(append([]string{"conns", "-o", "json"}, args...)...)), &rows); err != nil {
 			t.Fatal(err)
 		}
-		if len(conns) == 1 && conns[0].ClientToServer.Bytes > 0 {
+		return rows
+	}
+	var conns []row
+	for i := 0; i < 50; i++ {
+		conns = list()
+		if len(conns) == 2 && conns[0].ClientToServer.Bytes > 0 && conns[1].ClientToServer.Bytes > 0 {
 			break
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	_ = pp.cmd.Process.Kill()
-	if len(conns) != 1 {
-		t.Fatalf("conns shows %d connections, want 1: %+v", len(conns), conns)
+	if len(conns) != 2 {
+		t.Fatalf("conns shows %d connections, want 2: %+v", len(conns), conns)
 	}
-	c := conns[0]
-	if c.State != "bypass" || c.Server != fmt.Sprintf("%s:7000", srv.IPv4) || c.ClientToServer.Bytes == 0 || c.ClientToServer.Bytes%100 != 0 {
-		t.Errorf("unexpected row %+v", c)
+	for _, c := range conns {
+		if c.State != "bypass" || c.ClientToServer.Bytes == 0 || c.ClientToServer.Bytes%100 != 0 {
+			t.Errorf("unexpected row %+v", c)
+		}
+		if d := int64(c.ClientToServer.Bytes) - int64(c.ServerToClient.Bytes); d < 0 || d > 100 {
+			t.Errorf("echo bytes differ: c->s %d, s->c %d", c.ClientToServer.Bytes, c.ServerToClient.Bytes)
+		}
 	}
-	if d := int64(c.ClientToServer.Bytes) - int64(c.ServerToClient.Bytes); d < 0 || d > 100 {
-		t.Errorf("echo bytes differ: c->s %d, s->c %d", c.ClientToServer.Bytes, c.ServerToClient.Bytes)
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		server []string // servers of the rows expected
+	}{
+		{"pod by cgroup", []string{"--cgroup", cli.Cgroup}, []string{srv.IPv4.String() + ":7000"}},
+		{"server pod by cgroup", []string{"--cgroup", srv.Cgroup}, []string{srv.IPv4.String() + ":7000", srv.IPv4.String() + ":7001"}},
+		{"port", []string{"--port", "7001"}, []string{srv.IPv4.String() + ":7001"}},
+		{"address", []string{"--addr", cli2.IPv4.String()}, []string{srv.IPv4.String() + ":7001"}},
+		{"no match", []string{"--port", "9"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, r := range list(append(tc.args, "--sort", "server")...) {
+				got = append(got, r.Server)
+			}
+			if !slices.Equal(got, tc.server) {
+				t.Errorf("conns %v: servers %v, want %v", tc.args, got, tc.server)
+			}
+		})
+	}
+	t.Run("watch", func(t *testing.T) {
+		out := in.MustRun("conns", "-o", "json", "--watch", "--interval", "100ms", "--count", "3")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("--watch --count 3 printed %d lines:\n%s", len(lines), out)
+		}
+		var first, last []row
+		if json.Unmarshal([]byte(lines[0]), &first) != nil || json.Unmarshal([]byte(lines[2]), &last) != nil || len(first) != 2 || len(last) != 2 {
+			t.Fatalf("--watch lines do not each hold both connections:\n%s", out)
+		}
+		if last[0].ClientToServer.Bytes+last[1].ClientToServer.Bytes <= first[0].ClientToServer.Bytes+first[1].ClientToServer.Bytes {
+			t.Errorf("bytes did not grow between watch listings")
+		}
+	})
+	if out, err := in.Run("conns", "--sort", "speed"); err == nil || !strings.Contains(out, "--sort") {
+		t.Errorf("conns --sort speed: %v %s", err, out)
 	}
 }

@@ -43,13 +43,19 @@ func newLBBed(t *testing.T) *lbBed {
 	return lb
 }
 
-func (lb *lbBed) apply(t *testing.T, yaml string) string {
+// writeServices writes a service file and returns its path.
+func (lb *lbBed) writeServices(t *testing.T, yaml string) string {
 	t.Helper()
 	f := filepath.Join(lb.dir, "services.yaml")
 	if err := os.WriteFile(f, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return lb.in.MustRun("svc", "apply", "-f", f)
+	return f
+}
+
+func (lb *lbBed) apply(t *testing.T, yaml string) string {
+	t.Helper()
+	return lb.in.MustRun("svc", "apply", "-f", lb.writeServices(t, yaml))
 }
 
 func (lb *lbBed) probe(t *testing.T, from *testbed.Pod, mode, target string, count int) *peer.LBProbe {
@@ -199,6 +205,33 @@ func TestServiceLB(t *testing.T) {
 			t.Errorf("refusal took %s", el)
 		}
 		mustEqual(t, testutil.Delta(before, lb.lbCounters(t)), "no_backend", 3)
+	})
+	t.Run("status shows service metrics", func(t *testing.T) {
+		var st struct {
+			LB       map[string]uint64 `json:"lb_counters"`
+			Services []struct {
+				Namespace, Name string
+				Selected        map[string]uint64 `json:"selected"`
+				Refused         uint64            `json:"refused"`
+			} `json:"services"`
+		}
+		if err := json.Unmarshal([]byte(lb.in.MustRun("status", "-o", "json")), &st); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]uint64{}
+		for _, s := range st.Services {
+			var sel uint64
+			for _, n := range s.Selected {
+				sel += n
+			}
+			got[s.Name+".selected"], got[s.Name+".refused"] = sel, s.Refused
+		}
+		if got["empty.refused"] != 3 || got["who.selected"] < 7*n || got["sticky.selected"] < 50 || st.LB["selected"] < 7*n {
+			t.Errorf("status service metrics %v, lb counters %v", got, st.LB)
+		}
+		if out := lb.in.MustRun("status"); !strings.Contains(out, "service default/empty") || !strings.Contains(out, "lb no_backend") {
+			t.Errorf("status text lacks service metrics:\n%s", out)
+		}
 	})
 	t.Run("terminating used when none ready", func(t *testing.T) {
 		before := lb.lbCounters(t)

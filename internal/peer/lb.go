@@ -2,8 +2,8 @@ package peer
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"syscall"
@@ -12,8 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Whoami serves label on addr: over TCP, to each connection, then closes
-// it; over UDP, in reply to each datagram (from the address it came to).
+// Whoami serves label on addr: over TCP, to each connection, which it
+// then keeps open until the client closes it; over UDP, in reply to each
+// datagram (from the address it came to).
 func Whoami(ctx context.Context, network, addr, label string) error {
 	switch network {
 	case "tcp":
@@ -21,7 +22,11 @@ func Whoami(ctx context.Context, network, addr, label string) error {
 		if err != nil {
 			return err
 		}
-		return serveEach(ctx, ln, func(c net.Conn) { _, _ = c.Write([]byte(label)) })
+		return serveEach(ctx, ln, func(c net.Conn) {
+			if _, err := c.Write([]byte(label)); err == nil {
+				_, _ = io.Copy(io.Discard, c)
+			}
+		})
 	case "udp":
 		pc, err := net.ListenPacket("udp", addr)
 		if err != nil {
@@ -64,12 +69,7 @@ func Probe(ctx context.Context, mode, target string, count int) (*LBProbe, error
 	}
 	res := &LBProbe{Replies: map[string]int{}, Errors: map[string]int{}}
 	fail := func(err error) {
-		var errno syscall.Errno
-		name := err.Error()
-		if errors.As(err, &errno) {
-			name = unix.ErrnoName(errno)
-		}
-		res.Errors[name]++
+		res.Errors[errnoName(err)]++
 		if res.FirstError == "" {
 			res.FirstError = err.Error()
 		}

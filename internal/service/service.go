@@ -22,6 +22,14 @@ const (
 	UDP Protocol = "UDP"
 )
 
+// Number is the protocol's IP protocol number (IPPROTO_TCP, IPPROTO_UDP).
+func (p Protocol) Number() uint8 {
+	if p == UDP {
+		return 17
+	}
+	return 6
+}
+
 // Affinity is Kubernetes' sessionAffinity.
 type Affinity string
 

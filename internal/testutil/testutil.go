@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/socklane/socklane/internal/testbed"
 )
 
@@ -213,4 +215,31 @@ func Delta(before, after map[string]uint64) map[string]uint64 {
 		d[k] = v - before[k]
 	}
 	return d
+}
+
+// ParseMetrics parses a Prometheus text exposition with the Prometheus
+// text parser and returns every counter and gauge sample, keyed by name
+// and then ",label=value" pairs in label-name order.
+func ParseMetrics(text string) (map[string]float64, error) {
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	mfs, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for name, mf := range mfs {
+		for _, m := range mf.Metric {
+			key := name
+			for _, l := range m.Label {
+				key += "," + l.GetName() + "=" + l.GetValue()
+			}
+			switch {
+			case m.Counter != nil:
+				out[key] = m.Counter.GetValue()
+			case m.Gauge != nil:
+				out[key] = m.Gauge.GetValue()
+			}
+		}
+	}
+	return out, nil
 }

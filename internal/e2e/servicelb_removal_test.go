@@ -1,0 +1,257 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/peer"
+	"github.com/socklane/socklane/internal/testbed"
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// holder is a `peer hold` process: sockets held open through a VIP.
+type holder struct {
+	cmd     *exec.Cmd
+	events  chan peer.HoldEvent
+	backend map[int]string // socket index -> backend it reached
+}
+
+func startHold(t *testing.T, lb *lbBed, from *testbed.Pod, conns int, args ...string) *holder {
+	t.Helper()
+	cmd, err := from.Command(lb.in.Bin, append([]string{"peer", "hold", "--conns", fmt.Sprint(conns), "--for", "60s"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &holder{cmd: cmd, events: make(chan peer.HoldEvent, 4*conns), backend: map[int]string{}}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	go func() {
+		defer close(h.events)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var e peer.HoldEvent
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				h.events <- e
+			}
+		}
+	}()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case e, ok := <-h.events:
+			if !ok {
+				t.Fatalf("peer hold %v ended before all sockets were open: %s", args, stderr.String())
+			}
+			switch e.Event {
+			case "open":
+				h.backend[e.Index] = e.Backend
+			case "ready":
+				return h
+			case "closed":
+				t.Fatalf("socket %d closed before the test began: %s", e.Index, e.Error)
+			}
+		case <-deadline:
+			t.Fatalf("peer hold %v: sockets not open after 20s: %s", args, stderr.String())
+		}
+	}
+}
+
+// on lists the sockets that reached backend.
+func (h *holder) on(backend string) []int {
+	var out []int
+	for i, b := range h.backend {
+		if b == backend {
+			out = append(out, i)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// closed collects close events until want sockets have closed and then
+// for linger more (to catch sockets that should have stayed open).
+func (h *holder) closed(t *testing.T, want int, linger time.Duration) map[int]string {
+	t.Helper()
+	got := map[int]string{}
+	timeout := time.After(10 * time.Second)
+	var settle <-chan time.Time
+	if want == 0 {
+		settle = time.After(linger)
+	}
+	for {
+		select {
+		case e, ok := <-h.events:
+			if !ok {
+				return got
+			}
+			if e.Event == "closed" {
+				got[e.Index] = e.Error
+				if len(got) == want {
+					settle = time.After(linger)
+				}
+			}
+		case <-settle:
+			return got
+		case <-timeout:
+			return got
+		}
+	}
+}
+
+// applyJSON applies services and returns the apply's report.
+func (lb *lbBed) applyJSON(t *testing.T, yaml string) map[string]float64 {
+	t.Helper()
+	var r map[string]float64
+	out := lb.in.MustRun("svc", "apply", "-f", lb.writeServices(t, yaml), "-o", "json")
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("svc apply -o json: %v: %s", err, out)
+	}
+	return r
+}
+
+// checkRemoval removes backend gone from the held sockets' service and
+// checks that exactly its sockets are destroyed.
+func checkRemoval(t *testing.T, holds []*holder, gone string, apply func() map[string]float64) {
+	t.Helper()
+	var want, kept int
+	for _, h := range holds {
+		want += len(h.on(gone))
+		kept += len(h.backend) - len(h.on(gone))
+	}
+	if want == 0 || kept == 0 {
+		t.Fatalf("the held sockets did not spread over the backends: %v", holds[0].backend)
+	}
+	r := apply()
+	if int(r["sockets_destroyed"]) != want {
+		t.Errorf("apply destroyed %v sockets, want %d (report %v)", r["sockets_destroyed"], want, r)
+	}
+	if r["stale_backends"] < 1 {
+		t.Errorf("apply reported no stale backend: %v", r)
+	}
+	for _, h := range holds {
+		closed := h.closed(t, len(h.on(gone)), 500*time.Millisecond)
+		for _, i := range h.on(gone) {
+			if closed[i] != "ECONNABORTED" {
+				t.Errorf("socket %d on the removed backend: %q, want ECONNABORTED", i, closed[i])
+			}
+		}
+		for i, why := range closed {
+			if h.backend[i] != gone {
+				t.Errorf("socket %d on %s, a backend still in service, closed: %s", i, h.backend[i], why)
+			}
+		}
+	}
+}
+
+const removalServices = `services:
+  - name: who
+    vips: [198.19.0.10, "2001:db8:19::10"]
+    ports:
+      - {name: tcp, port: 80, protocol: TCP, targetPort: 8080}
+      - {name: udp, port: 53, protocol: UDP, targetPort: 8080}
+    backends:
+%s`
+
+// TestServiceBackendRemoval: sockets connected through a VIP to a backend
+// that leaves the service are destroyed (their owners see ECONNABORTED
+// and reconnect); sockets to the other backend, and bypassed ones among
+// them, are untouched.
+func TestServiceBackendRemoval(t *testing.T) {
+	lb := newLBBed(t)
+	be0, be1 := lb.back[0], lb.back[1]
+	both := fmt.Sprintf("      - {ip: %s}\n      - {ip: %s}\n      - {ip: %s}\n      - {ip: %s}\n", be0.IPv4, be1.IPv4, be0.IPv6, be1.IPv6)
+	lb.apply(t, fmt.Sprintf(removalServices, both))
+	lbBefore, before := lb.lbCounters(t), lb.in.Counters()
+	const n = 12
+	holds := []*holder{
+		startHold(t, lb, lb.client, n, "--mode", "tcp", "198.19.0.10:80"),
+		startHold(t, lb, lb.client, n, "--mode", "tcp", "[2001:db8:19::10]:80"),
+		startHold(t, lb, lb.client, n, "--mode", "udp", "198.19.0.10:53"),
+		startHold(t, lb, lb.host, n, "--mode", "tcp", "198.19.0.10:80"),
+	}
+	mustAtLeast(t, testutil.Delta(lbBefore, lb.lbCounters(t)), "conns_tracked", 4*n)
+	// The pod-to-pod TCP sockets are bypassed: destruction works there too.
+	mustAtLeast(t, testutil.Delta(before, lb.in.Counters()), "conns_bypassed", 2*n)
+
+	onlyBe1 := fmt.Sprintf("      - {ip: %s}\n      - {ip: %s}\n", be1.IPv4, be1.IPv6)
+	checkRemoval(t, holds, "be0", func() map[string]float64 {
+		return lb.applyJSON(t, fmt.Sprintf(removalServices, onlyBe1))
+	})
+	r := lb.probe(t, lb.client, "tcp", "198.19.0.10:80", 20)
+	if r.Replies["be1"] != 20 {
+		t.Errorf("after removing be0 new connections reached %v %v", r.Replies, r.Errors)
+	}
+	// Removing the whole service destroys the rest.
+	checkRemoval(t, holds, "be1", func() map[string]float64 {
+		return lb.applyJSON(t, "services: []\n")
+	})
+}
+
+// TestServiceDNS: a real DNS server (dnsmasq) in two backend pods behind a
+// UDP and TCP VIP, queried with a real client (dig); then one backend is
+// removed and the connected sockets still pointing at it are destroyed.
+func TestServiceDNS(t *testing.T) {
+	dnsmasq := testutil.RequireCommand(t, "dnsmasq")
+	dig := testutil.RequireCommand(t, "dig")
+	lb := newLBBed(t)
+	be0, be1 := lb.back[0], lb.back[1]
+	for _, p := range lb.back {
+		start(t, p, dnsmasq, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
+			"--user=root", "--group=root", "--port=53", "--pid-file="+lb.dir+"/dnsmasq-"+p.Name+".pid",
+			"--host-record=who.svc.test,"+p.IPv4.String(), "--log-facility=-")
+		waitPort(t, p, "[::]:53")
+	}
+	svc := func(backends ...*testbed.Pod) string {
+		s := "services:\n  - name: dns\n    vips: [198.19.0.53]\n    ports:\n      - {name: dns, port: 53, protocol: UDP}\n      - {name: dns-tcp, port: 53, protocol: TCP}\n    backends:\n"
+		for _, b := range backends {
+			s += fmt.Sprintf("      - {ip: %s}\n", b.IPv4)
+		}
+		return s
+	}
+	lb.apply(t, svc(be0, be1))
+	query := func(extra ...string) string {
+		t.Helper()
+		cmd, err := lb.client.Command(dig, append([]string{"@198.19.0.53", "who.svc.test", "A", "+short", "+tries=1", "+time=3"}, extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("dig %v: %v: %s", extra, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	answers := map[string]int{}
+	for range 24 {
+		answers[query()]++
+	}
+	if answers[be0.IPv4.String()] == 0 || answers[be1.IPv4.String()] == 0 || len(answers) != 2 {
+		t.Fatalf("dig through the VIP answered %v, want both %s and %s", answers, be0.IPv4, be1.IPv4)
+	}
+	if a := query("+tcp"); a != be0.IPv4.String() && a != be1.IPv4.String() {
+		t.Errorf("dig +tcp through the VIP: %q", a)
+	}
+	h := startHold(t, lb, lb.client, 16, "--mode", "dns", "--name", "who.svc.test", "198.19.0.53:53")
+	checkRemoval(t, []*holder{h}, be0.IPv4.String(), func() map[string]float64 {
+		return lb.applyJSON(t, svc(be1))
+	})
+	for range 6 {
+		if a := query(); a != be1.IPv4.String() {
+			t.Errorf("after removing be0, dig answered %q", a)
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package metrics
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/socklane/socklane/internal/datapath"
+)
+
+// Source is the datapath as the collector reads it.
+type Source interface {
+	Counters() (map[string]uint64, error)
+	Sockets() (int, error)
+	ServiceStats() (*datapath.LBStats, error)
+	TrackedSockets() (int, error)
+	Programs() []*ebpf.Program
+}
+
+// ServiceNames maps frontends (service.Frontend.String()) to the names of
+// the services they belong to ("namespace/name").
+type ServiceNames func() (map[string]string, error)
+
+// Collector reads the datapath at scrape time.
+type Collector struct {
+	src     Source
+	names   ServiceNames
+	descs   map[string]*prometheus.Desc
+	errors  atomic.Uint64
+	version string
+}
+
+// New returns a collector of src; names may be nil (services are then
+// labelled by frontend only).
+func New(src Source, names ServiceNames) *Collector {
+	c := &Collector{src: src, names: names, descs: map[string]*prometheus.Desc{}, version: version()}
+	for _, f := range families {
+		c.descs[f.name] = prometheus.NewDesc(f.fqName(), f.help, f.labels, nil)
+	}
+	return c
+}
+
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += "+" + s.Value[:12]
+		}
+	}
+	return v
+}
+
+// Describe sends every family's descriptor.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *Collector) emit(ch chan<- prometheus.Metric, f family, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(c.descs[f.name], f.typ, v, labels...)
+}
+
+// emitCounters sums BPF counters into their families: several counters
+// can share one family (and label value) only if the table says so.
+func (c *Collector) emitCounters(ch chan<- prometheus.Metric, vals map[string]uint64, refs map[string]counterRef) error {
+	type key struct{ fam, label string }
+	sums := map[key]float64{}
+	fams := map[string]family{}
+	for name, v := range vals {
+		ref, ok := refs[name]
+		if !ok {
+			return fmt.Errorf("counter %q has no metric", name)
+		}
+		sums[key{ref.fam.name, ref.label}] += float64(v)
+		fams[ref.fam.name] = ref.fam
+	}
+	for k, v := range sums {
+		f := fams[k.fam]
+		if len(f.labels) == 0 {
+			c.emit(ch, f, v)
+		} else {
+			c.emit(ch, f, v, k.label)
+		}
+	}
+	return nil
+}
+
+// Collect reads everything; a part that cannot be read is left out of
+// this scrape and counted in collection_errors_total.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	failed := false
+	fail := func(error) { failed = true }
+	if vals, err := c.src.Counters(); err != nil {
+		fail(err)
+	} else if err := c.emitCounters(ch, vals, bypassCounters); err != nil {
+		fail(err)
+	}
+	if n, err := c.src.Sockets(); err != nil {
+		fail(err)
+	} else {
+		c.emit(ch, famSockets, float64(n))
+	}
+	if n, err := c.src.TrackedSockets(); err != nil {
+		fail(err)
+	} else {
+		c.emit(ch, famLBTracked, float64(n))
+	}
+	if st, err := c.src.ServiceStats(); err != nil {
+		fail(err)
+	} else if err := c.collectServices(ch, st); err != nil {
+		fail(err)
+	}
+	for _, p := range c.src.Programs() {
+		info, err := p.Info()
+		if err != nil {
+			fail(err)
+			continue
+		}
+		st, err := p.Stats()
+		if err != nil {
+			fail(err)
+			continue
+		}
+		c.emit(ch, famProgRuns, float64(st.RunCount), info.Name)
+		c.emit(ch, famProgSeconds, st.Runtime.Seconds(), info.Name)
+	}
+	if failed {
+		c.errors.Add(1)
+	}
+	c.emit(ch, famCollectErr, float64(c.errors.Load()))
+	c.emit(ch, famBuild, 1, c.version, runtime.Version())
+}
+
+func (c *Collector) collectServices(ch chan<- prometheus.Metric, st *datapath.LBStats) error {
+	if err := c.emitCounters(ch, st.Counters, lbCounters); err != nil {
+		return err
+	}
+	var names map[string]string
+	if c.names != nil {
+		var err error
+		if names, err = c.names(); err != nil {
+			return err
+		}
+	}
+	for _, s := range st.Selections {
+		c.emit(ch, famLBSelected, float64(s.Count), names[s.Frontend.String()], s.Frontend.String(), s.Backend.String())
+	}
+	for f, n := range st.Refused {
+		c.emit(ch, famLBRefused, float64(n), names[f], f)
+	}
+	return nil
+}

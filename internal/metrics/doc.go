@@ -1,0 +1,54 @@
+package metrics
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Markdown writes the reference of every metric (docs/metrics.md).
+func Markdown(w io.Writer) {
+	fmt.Fprintln(w, "# socklane metrics")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Generated from internal/metrics (`make metrics-doc`); do not edit.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "The agent serves them at `/metrics` on `--metrics-address` (default")
+	fmt.Fprintln(w, "127.0.0.1:9464). Counters are read from the datapath's per-CPU BPF maps at")
+	fmt.Fprintln(w, "scrape time; nothing is counted twice and no label names a connection.")
+	fmt.Fprintln(w, "Per-service series have one series per service frontend and backend.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| metric | type | labels | meaning |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	for _, f := range families {
+		typ := "counter"
+		if f.typ == prometheus.GaugeValue {
+			typ = "gauge"
+		}
+		var labels []string
+		for _, l := range f.labels {
+			if vals := labelValues(f); len(vals) > 0 && len(f.labels) == 1 {
+				labels = append(labels, fmt.Sprintf("`%s` (%s)", l, strings.Join(vals, ", ")))
+			} else {
+				labels = append(labels, "`"+l+"`")
+			}
+		}
+		fmt.Fprintf(w, "| `%s` | %s | %s | %s |\n", f.fqName(), typ, strings.Join(labels, ", "), f.help)
+	}
+}
+
+// labelValues lists the label values BPF counters give a family.
+func labelValues(f family) []string {
+	var out []string
+	for _, refs := range []map[string]counterRef{bypassCounters, lbCounters} {
+		for _, r := range refs {
+			if r.fam.name == f.name && r.label != "" && !slices.Contains(out, r.label) {
+				out = append(out, r.label)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,97 @@
+// Package metrics exposes socklane to Prometheus: a collector that reads
+// the datapath's per-CPU BPF counters, the load balancer's per-service
+// counters and the programs' kernel run-time statistics at scrape time.
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+const namespace = "socklane"
+
+// family is one metric family: its name without the namespace, its help
+// text, its type and its label names.
+type family struct {
+	name   string
+	help   string
+	typ    prometheus.ValueType
+	labels []string
+}
+
+func (f family) fqName() string { return namespace + "_" + f.name }
+
+// The families the collector exports. docs/metrics.md is generated from
+// this list (see doc.go).
+var (
+	famEstablished = family{"connections_established_total", "TCP connections of managed sockets established, by role (client: active open, server: passive).", prometheus.CounterValue, []string{"role"}}
+	famDecided     = family{"connections_decided_total", "Node-local connections decided, by path: bypass (both ends joined) or tcp (left on the kernel's stack).", prometheus.CounterValue, []string{"path"}}
+	famVerdicts    = family{"redirect_verdicts_total", "Redirect verdicts of the sk_msg program (a verdict window covers many sends).", prometheus.CounterValue, nil}
+	famRedirBytes  = family{"redirected_bytes_total", "Bytes moved socket to socket by the bypass (lags by less than one verdict window per open connection).", prometheus.CounterValue, nil}
+	famWindows     = family{"redirect_windows_total", "Redirect verdicts that also covered the next verdict-window bytes.", prometheus.CounterValue, nil}
+	famPassMsgs    = family{"passed_messages_total", "Messages of managed sockets left to TCP.", prometheus.CounterValue, nil}
+	famPassBytes   = family{"passed_bytes_total", "Bytes of managed sockets left to TCP.", prometheus.CounterValue, nil}
+	famFallbacks   = family{"fallbacks_total", "Connection directions moved to (or kept on) TCP, by reason.", prometheus.CounterValue, []string{"reason"}}
+	famEvictions   = family{"socket_evictions_total", "Sockets removed from the bypass map because of their peer.", prometheus.CounterValue, nil}
+	famClosed      = family{"sockets_closed_total", "Managed sockets closed.", prometheus.CounterValue, nil}
+	famDPErrors    = family{"datapath_errors_total", "Datapath errors, by kind.", prometheus.CounterValue, []string{"error"}}
+	famSockets     = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
+
+	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction).", prometheus.CounterValue, []string{"event"}}
+	famLBErrors    = family{"lb_errors_total", "Service load balancer errors, by kind.", prometheus.CounterValue, []string{"error"}}
+	famLBSelected  = family{"lb_backend_selections_total", "Connections (and unconnected UDP sends) sent to one backend of one service frontend.", prometheus.CounterValue, []string{"service", "frontend", "backend"}}
+	famLBRefused   = family{"lb_no_backend_total", "Connects and sends to a service frontend refused because it had no usable backend.", prometheus.CounterValue, []string{"service", "frontend"}}
+	famLBTracked   = family{"lb_tracked_sockets", "Connected sockets the load balancer remembers a backend for.", prometheus.GaugeValue, nil}
+	famProgRuns    = family{"bpf_program_runs_total", "Runs of each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
+	famProgSeconds = family{"bpf_program_run_seconds_total", "Time spent in each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
+	famCollectErr  = family{"collection_errors_total", "Scrapes in which some part of the datapath could not be read.", prometheus.CounterValue, nil}
+	famBuild       = family{"build_info", "Always 1; the labels tell the socklane version and the Go version it was built with.", prometheus.GaugeValue, []string{"version", "goversion"}}
+)
+
+var families = []family{
+	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
+	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets,
+	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked,
+	famProgRuns, famProgSeconds, famCollectErr, famBuild,
+}
+
+// counterRef places one BPF counter in a family, with its label value.
+type counterRef struct {
+	fam   family
+	label string
+}
+
+// bypassCounters maps every counter of enum sl_counter (by its BTF name)
+// to its metric. A counter missing here fails the tests.
+var bypassCounters = map[string]counterRef{
+	"established_active":      {famEstablished, "client"},
+	"established_passive":     {famEstablished, "server"},
+	"conns_bypassed":          {famDecided, "bypass"},
+	"conns_tcp":               {famDecided, "tcp"},
+	"redirect_msgs":           {famVerdicts, ""},
+	"redirect_bytes":          {famRedirBytes, ""},
+	"redirect_windows":        {famWindows, ""},
+	"pass_msgs":               {famPassMsgs, ""},
+	"pass_bytes":              {famPassBytes, ""},
+	"fallback_peer_not_ready": {famFallbacks, "peer_not_ready"},
+	"fallback_early_data":     {famFallbacks, "early_data"},
+	"fallback_backlog":        {famFallbacks, "backlog"},
+	"fallback_peer_gone":      {famFallbacks, "peer_gone"},
+	"fallback_blocking":       {famFallbacks, "blocking"},
+	"evictions":               {famEvictions, ""},
+	"closed":                  {famClosed, ""},
+	"err_sockhash":            {famDPErrors, "sockhash"},
+	"err_conn_table_full":     {famDPErrors, "conn_table_full"},
+	"err_index":               {famDPErrors, "index"},
+	"err_storage":             {famDPErrors, "storage"},
+}
+
+// lbCounters does the same for enum sl_lb_counter.
+var lbCounters = map[string]counterRef{
+	"selected":         {famLBEvents, "selected"},
+	"no_backend":       {famLBEvents, "no_backend"},
+	"affinity_hits":    {famLBEvents, "affinity_hits"},
+	"terminating_used": {famLBEvents, "terminating_used"},
+	"udp_reversed":     {famLBEvents, "udp_reversed"},
+	"peername":         {famLBEvents, "peername"},
+	"conns_tracked":    {famLBEvents, "conns_tracked"},
+	"err_storage":      {famLBErrors, "storage"},
+	"err_conns":        {famLBErrors, "conns_table"},
+}
