@@ -156,6 +156,12 @@ func newPeerCmd() *cobra.Command {
 	hold.Flags().StringVar(&holdName, "name", "", "name to resolve in dns mode")
 	hold.Flags().IntVar(&holdConns, "conns", 8, "sockets to hold open")
 	hold.Flags().DurationVar(&holdFor, "for", 30*time.Second, "give up after this long")
-	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold)
+	var data string
+	request := clientCmd("request", func(ctx context.Context, addr string) (any, error) {
+		reply, err := peer.Request(ctx, addr, data)
+		return map[string]string{"reply": reply}, err
+	})
+	request.Flags().StringVar(&data, "data", "hello", "what to send")
+	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request)
 	return cmd
 }

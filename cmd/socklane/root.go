@@ -78,6 +78,8 @@ func newRootCmd() *cobra.Command {
 		newAttachCmd(g),
 		newDetachCmd(g),
 		newConnsCmd(g),
+		newEventsCmd(g),
+		newCaptureCmd(g),
 		newSvcCmd(g),
 		newDownCmd(g),
 		newDemoCmd(g),

@@ -25,15 +25,20 @@
 #include "sl_consts.h"
 #include "sl_structs.h"
 #include "sl_maps.h"
+#include "sl_event_maps.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Keeps the enums in BTF so that the Go side gets their names generated. */
+/* Keeps the enums, and the records read from ring buffers, in BTF so that
+ * the Go side gets them generated. */
 struct sl_enums {
 	enum sl_counter counter;
 	enum sl_conn_state state;
 	enum sl_path path;
 	enum sl_role role;
+	enum sl_event_type event_type;
+	struct sl_event event;
+	struct sl_cap_hdr cap_hdr;
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
 
@@ -118,6 +123,42 @@ static __always_inline void count(enum sl_counter c, __u64 n)
 		cnt->c[c] += n;
 }
 
+static __always_inline void copy_ip(__u32 *dst, const __u32 *src)
+{
+	dst[0] = src[0];
+	dst[1] = src[1];
+	dst[2] = src[2];
+	dst[3] = src[3];
+}
+
+/* Emits an event about connection c (src: the client, dst: the server)
+ * if a reader listens. */
+static __always_inline void conn_event(struct sl_conn *c, __u32 type, __u32 reason, __u8 dir, __u8 role)
+{
+	int lost;
+	struct sl_event *e = event_reserve(&lost);
+	if (!e) {
+		if (lost)
+			count(SL_C_EVENTS_LOST, 1);
+		return;
+	}
+	e->type = type;
+	e->reason = reason;
+	e->dir = dir;
+	e->role = role;
+	e->proto = 6; /* IPPROTO_TCP */
+	e->netns = role == SL_ROLE_SERVER ? c->server_netns : c->client_netns;
+	copy_ip(e->src_ip, c->client.local_ip);
+	copy_ip(e->dst_ip, c->client.remote_ip);
+	e->src_port = c->client.local_port;
+	e->dst_port = c->client.remote_port;
+	e->bytes[0] = c->bytes[0] + c->tcp_bytes[0];
+	e->bytes[1] = c->bytes[1] + c->tcp_bytes[1];
+	e->msgs[0] = c->msgs[0] + c->tcp_msgs[0];
+	e->msgs[1] = c->msgs[1] + c->tcp_msgs[1];
+	bpf_ringbuf_submit(e, 0);
+}
+
 static __always_inline __u32 sock_id(__u32 slot, __u32 role)
 {
 	return slot << 1 | role;
@@ -139,26 +180,30 @@ static __always_inline int is_loopback(const __u32 ip[4])
  * IPv4/IPv6 TCP sockets, -1 otherwise. */
 static __always_inline int tuple_of(struct bpf_sock_ops *skops, struct sl_tuple *t)
 {
+	/* Every field is read once, up front, at its constant offset: read
+	 * inside the family branches, clang merged the IPv4 and IPv6 loads
+	 * into one load at a computed context offset, which the verifier
+	 * refuses ("dereference of modified ctx ptr"). */
+	__u32 family = skops->family;
+	__u32 l4 = skops->local_ip4, r4 = skops->remote_ip4;
+	__u32 l6[4] = {skops->local_ip6[0], skops->local_ip6[1], skops->local_ip6[2], skops->local_ip6[3]};
+	__u32 r6[4] = {skops->remote_ip6[0], skops->remote_ip6[1], skops->remote_ip6[2], skops->remote_ip6[3]};
+	__u32 lport = skops->local_port, rport = skops->remote_port;
+
 	__builtin_memset(t, 0, sizeof(*t));
-	if (skops->family == AF_INET) {
+	if (family == AF_INET) {
 		t->local_ip[2] = bpf_htonl(0xffff);
-		t->local_ip[3] = skops->local_ip4;
+		t->local_ip[3] = l4;
 		t->remote_ip[2] = bpf_htonl(0xffff);
-		t->remote_ip[3] = skops->remote_ip4;
-	} else if (skops->family == AF_INET6) {
-		t->local_ip[0] = skops->local_ip6[0];
-		t->local_ip[1] = skops->local_ip6[1];
-		t->local_ip[2] = skops->local_ip6[2];
-		t->local_ip[3] = skops->local_ip6[3];
-		t->remote_ip[0] = skops->remote_ip6[0];
-		t->remote_ip[1] = skops->remote_ip6[1];
-		t->remote_ip[2] = skops->remote_ip6[2];
-		t->remote_ip[3] = skops->remote_ip6[3];
+		t->remote_ip[3] = r4;
+	} else if (family == AF_INET6) {
+		copy_ip(t->local_ip, l6);
+		copy_ip(t->remote_ip, r6);
 	} else {
 		return -1;
 	}
-	t->local_port = skops->local_port;
-	t->remote_port = bpf_ntohl(skops->remote_port);
+	t->local_port = lport;
+	t->remote_port = bpf_ntohl(rport);
 	if (is_loopback(t->remote_ip))
 		t->netns = bpf_get_netns_cookie(skops);
 	return 0;
@@ -410,6 +455,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->win_left = 0;
 	c->server_netns = 0;
 	c->client_netns = bpf_get_netns_cookie(skops);
+	conn_event(c, SL_EV_ESTABLISHED, 0, 0, SL_ROLE_CLIENT);
 
 	/* The client must be in the map before it is findable: the server
 	 * redirects to it as soon as it joins. */
@@ -479,14 +525,17 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 			c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;
 			count(SL_C_CONNS_TCP, 1);
 			count(SL_C_FALLBACK_BLOCKING, 1);
+			conn_event(c, SL_EV_TCP, SL_C_FALLBACK_BLOCKING, 2, SL_ROLE_SERVER);
 		}
 		return;
 	}
 
 	if (bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST)) {
 		count(SL_C_ERR_SOCKHASH, 1);
-		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP)
+		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP) {
 			count(SL_C_CONNS_TCP, 1);
+			conn_event(c, SL_EV_TCP, SL_C_ERR_SOCKHASH, 2, SL_ROLE_SERVER);
+		}
 		return;
 	}
 	__u32 state = conn_decide(c, gen, SL_CONN_BYPASS, 1u << SL_ROLE_SERVER);
@@ -500,6 +549,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	st->path = SL_PATH_BYPASS;
 	c->path[SL_ROLE_SERVER] = SL_PATH_BYPASS;
 	count(SL_C_CONNS_BYPASSED, 1);
+	conn_event(c, SL_EV_BYPASS, 0, 0, SL_ROLE_SERVER);
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
 }
 
@@ -539,6 +589,27 @@ static __always_inline void on_listener_close(struct bpf_sock_ops *skops)
 		bpf_map_delete_elem(&sl_listeners, &l);
 }
 
+/* A socket closing under an open verdict window: what the kernel used of
+ * the window (the psock's apply_bytes counts down) was redirected and is
+ * counted now, so that a closed connection's byte totals are exact. Runs
+ * at release, before the sockmap's close detaches the psock. */
+static __always_inline void credit_window(struct sl_sock *st, struct sl_conn *c, struct sock *sk)
+{
+	if (!st->win_left)
+		return;
+	struct sk_psock *ps = psock_of(sk);
+	if (ps) {
+		__u32 left = 0;
+		bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
+		if (left <= st->win_left) {
+			__u64 used = st->win_left - left;
+			c->bytes[st->role & 1] += used;
+			count(SL_C_REDIRECT_BYTES, used);
+		}
+	}
+	st->win_left = 0;
+}
+
 static __always_inline void on_close(struct bpf_sock_ops *skops)
 {
 	struct bpf_sock *sk = skops->sk;
@@ -555,6 +626,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 				bpf_map_delete_elem(&sl_conn_index, &c->client);
 		}
 		if (word_gen(c->word) == st->gen) {
+			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
 			struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &st->slot);
 			if (socks && st->role == SL_ROLE_CLIENT)
 				socks->client = 0;
@@ -656,6 +728,7 @@ static __always_inline void leave_for_blocking(struct sl_sock *st, struct sl_con
 	c->path[0] = c->path[1] = SL_PATH_TCP;
 	c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;
 	count(SL_C_FALLBACK_BLOCKING, 1);
+	conn_event(c, SL_EV_FALLBACK, SL_C_FALLBACK_BLOCKING, 2, st->role);
 }
 
 /* The client's first send commits its direction. */
@@ -673,6 +746,7 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 			c->path[SL_ROLE_CLIENT] = SL_PATH_TCP;
 			c->reason[SL_ROLE_CLIENT] = SL_C_FALLBACK_EARLY_DATA;
 			count(SL_C_FALLBACK_EARLY_DATA, 1);
+			conn_event(c, SL_EV_FALLBACK, SL_C_FALLBACK_EARLY_DATA, SL_ROLE_CLIENT, SL_ROLE_CLIENT);
 			return;
 		}
 		if (c->path[SL_ROLE_CLIENT] == SL_PATH_TCP) {
@@ -707,6 +781,7 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 		count(SL_C_CONNS_TCP, 1);
 		count(SL_C_FALLBACK_PEER_NOT_READY, 1);
 		c->reason[SL_ROLE_CLIENT] = SL_C_FALLBACK_PEER_NOT_READY;
+		conn_event(c, SL_EV_TCP, SL_C_FALLBACK_PEER_NOT_READY, 2, SL_ROLE_CLIENT);
 	}
 	st->path = SL_PATH_TCP;
 	st->evict = 1;
@@ -745,6 +820,102 @@ static __always_inline int peer_backlogged(__u32 slot, __u32 peer_role)
 	return queued > (__u32)limit;
 }
 
+/* The capture settings if this connection is being captured now; NULL
+ * otherwise. With no capture running this is one array lookup. */
+static __always_inline struct sl_capture_cfg *capture_of(struct sl_conn *c)
+{
+	__u32 zero = 0;
+	struct sl_capture_cfg *cfg = bpf_map_lookup_elem(&sl_cap_settings, &zero);
+	if (!cfg || !cfg->until_ns)
+		return 0;
+	if (bpf_ktime_get_ns() >= cfg->until_ns)
+		return 0;
+	if (cfg->port && cfg->port != c->client.local_port && cfg->port != c->client.remote_port)
+		return 0;
+	if (cfg->netns && cfg->netns != c->client_netns && cfg->netns != c->server_netns)
+		return 0;
+	return cfg;
+}
+
+/* Whether the per-CPU token bucket lets one more message be captured. */
+static __always_inline int capture_allowed(struct sl_capture_cfg *cfg)
+{
+	if (!cfg->rate)
+		return 1;
+	__u32 zero = 0;
+	struct sl_cap_bucket *b = bpf_map_lookup_elem(&sl_cap_tokens, &zero);
+	if (!b)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 elapsed = now - b->last_ns;
+	if (elapsed >= 1000000000ull) {
+		b->tokens = cfg->rate;
+		b->last_ns = now;
+	} else {
+		__u64 add = elapsed * cfg->rate / 1000000000ull;
+		if (add) {
+			b->tokens += add;
+			if (b->tokens > cfg->rate)
+				b->tokens = cfg->rate;
+			b->last_ns = now;
+		}
+	}
+	if (!b->tokens)
+		return 0;
+	b->tokens--;
+	return 1;
+}
+
+/* Copies the head of a bypassed message, with its connection and stream
+ * offset, into the capture ring. */
+static __always_inline void capture(struct sk_msg_md *msg, struct sl_capture_cfg *cfg, struct sl_conn *c,
+				    struct sl_sock *st, __u32 dir, __u64 offset, __u32 len)
+{
+	if (!capture_allowed(cfg)) {
+		count(SL_C_CAPTURE_RATE_DROPS, 1);
+		return;
+	}
+	struct sl_cap_rec *r = bpf_ringbuf_reserve(&sl_capture, sizeof(*r), 0);
+	if (!r) {
+		count(SL_C_CAPTURE_LOST, 1);
+		return;
+	}
+	__u32 n = cfg->snap;
+	if (n > len)
+		n = len;
+	if (n > SL_CAP_SNAP_MAX - 1)
+		n = SL_CAP_SNAP_MAX - 1;
+	r->h.ts_ns = bpf_ktime_get_ns();
+	r->h.offset = offset;
+	if (dir == SL_ROLE_CLIENT) {
+		copy_ip(r->h.src_ip, c->client.local_ip);
+		copy_ip(r->h.dst_ip, c->client.remote_ip);
+		r->h.src_port = c->client.local_port;
+		r->h.dst_port = c->client.remote_port;
+	} else {
+		copy_ip(r->h.src_ip, c->client.remote_ip);
+		copy_ip(r->h.dst_ip, c->client.local_ip);
+		r->h.src_port = c->client.remote_port;
+		r->h.dst_port = c->client.local_port;
+	}
+	r->h.len = len;
+	r->h.slot = st->slot;
+	r->h.gen = st->gen;
+	r->h.dir = dir;
+	r->h.caplen = 0;
+	if (n) {
+		if ((long)msg->data + n > (long)msg->data_end)
+			bpf_msg_pull_data(msg, 0, n, 0);
+		void *data = msg->data;
+		void *end = msg->data_end;
+		n &= SL_CAP_SNAP_MAX - 1;
+		if (data + n <= end && !bpf_probe_read_kernel(r->data, n, data))
+			r->h.caplen = n;
+	}
+	bpf_ringbuf_submit(r, 0);
+	count(SL_C_CAPTURED, 1);
+}
+
 SEC("sk_msg")
 int sl_msg(struct sk_msg_md *msg)
 {
@@ -763,6 +934,8 @@ int sl_msg(struct sk_msg_md *msg)
 	 * previous verdict opened: its rest was redirected, count it now. */
 	__u64 redirected = st->win_left;
 	st->win_left = 0;
+	/* Where this message starts in its direction's byte stream. */
+	__u64 offset = c->bytes[dir] + c->tcp_bytes[dir] + redirected;
 
 	if (st->path == SL_PATH_UNDECIDED)
 		decide_client(msg, st, c);
@@ -779,12 +952,17 @@ int sl_msg(struct sk_msg_md *msg)
 		if (!peer_backlogged(st->slot, dir ^ 1)) {
 			reason = SL_C_FALLBACK_PEER_GONE;
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
+				/* A captured connection gets a verdict per send, so
+				 * that every send is seen. */
+				struct sl_capture_cfg *cap = capture_of(c);
 				__u64 window = 0;
-				if (verdict_window && len < verdict_window &&
+				if (!cap && verdict_window && len < verdict_window &&
 				    !bpf_msg_apply_bytes(msg, verdict_window)) {
 					st->win_left = verdict_window - len;
 					window = 1;
 				}
+				if (cap)
+					capture(msg, cap, c, st, dir, offset, len);
 				redirected += len;
 				c->msgs[dir]++;
 				c->bytes[dir] += redirected;
@@ -800,6 +978,7 @@ int sl_msg(struct sk_msg_md *msg)
 		st->path = SL_PATH_TCP;
 		c->path[dir] = SL_PATH_TCP;
 		c->reason[dir] = reason;
+		conn_event(c, SL_EV_FALLBACK, reason, dir, dir);
 	}
 	c->bytes[dir] += redirected;
 	c->tcp_msgs[dir]++;
@@ -812,4 +991,19 @@ int sl_msg(struct sk_msg_md *msg)
 			cnt->c[reason]++;
 	}
 	return SK_PASS;
+}
+
+/* close() of a managed socket, before the sockmap detaches it. */
+SEC("cgroup/sock_release")
+int sl_release(struct bpf_sock *sk)
+{
+	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, 0);
+	if (!st || st->slot == SL_NO_SLOT || !st->win_left)
+		return 1;
+	struct sl_conn *c = conn_of(st->slot);
+	/* This program type has no helper from bpf_sock to struct sock; the
+	 * connection table holds the socket itself. */
+	if (c && word_gen(c->word) == st->gen)
+		credit_window(st, c, member_sock(st->slot, st->role));
+	return 1;
 }

@@ -13,6 +13,32 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bypassSlCapHdr struct {
+	_       structs.HostLayout
+	TsNs    uint64
+	Offset  uint64
+	SrcIp   [4]uint32
+	DstIp   [4]uint32
+	SrcPort uint16
+	DstPort uint16
+	Len     uint32
+	Caplen  uint32
+	Slot    uint32
+	Gen     uint32
+	Dir     uint8
+	Pad     [3]uint8
+}
+
+type bypassSlCaptureCfg struct {
+	_       structs.HostLayout
+	UntilNs uint64
+	Netns   uint64
+	Port    uint32
+	Snap    uint32
+	Rate    uint32
+	Pad     uint32
+}
+
 type bypassSlConn struct {
 	_           structs.HostLayout
 	Client      bypassSlTuple
@@ -67,12 +93,52 @@ const (
 	bypassSlCounterSL_C_ERR_CONN_TABLE_FULL     bypassSlCounter = 17
 	bypassSlCounterSL_C_ERR_INDEX               bypassSlCounter = 18
 	bypassSlCounterSL_C_ERR_STORAGE             bypassSlCounter = 19
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 20
+	bypassSlCounterSL_C_EVENTS_LOST             bypassSlCounter = 20
+	bypassSlCounterSL_C_CAPTURED                bypassSlCounter = 21
+	bypassSlCounterSL_C_CAPTURE_LOST            bypassSlCounter = 22
+	bypassSlCounterSL_C_CAPTURE_RATE_DROPS      bypassSlCounter = 23
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 24
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [20]uint64
+	C [24]uint64
+}
+
+type bypassSlEvent struct {
+	_       structs.HostLayout
+	TsNs    uint64
+	Netns   uint64
+	Bytes   [2]uint64
+	Msgs    [2]uint64
+	SrcIp   [4]uint32
+	DstIp   [4]uint32
+	SrcPort uint16
+	DstPort uint16
+	Type    uint32
+	Reason  uint32
+	SvcId   uint32
+	Dir     uint8
+	Role    uint8
+	Proto   uint8
+	Pad     [5]uint8
+}
+
+type bypassSlEventType uint32
+
+const (
+	bypassSlEventTypeSL_EV_ESTABLISHED bypassSlEventType = 1
+	bypassSlEventTypeSL_EV_BYPASS      bypassSlEventType = 2
+	bypassSlEventTypeSL_EV_TCP         bypassSlEventType = 3
+	bypassSlEventTypeSL_EV_FALLBACK    bypassSlEventType = 4
+	bypassSlEventTypeSL_EV_CLOSED      bypassSlEventType = 5
+	bypassSlEventTypeSL_EV_LB_SELECT   bypassSlEventType = 6
+	bypassSlEventTypeSL_EV_LB_REFUSED  bypassSlEventType = 7
+)
+
+type bypassSlEventsCfg struct {
+	_       structs.HostLayout
+	UntilNs uint64
 }
 
 type bypassSlListener struct {
@@ -129,15 +195,21 @@ type bypassSlTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bypassMapSlCapSettings = "sl_cap_settings"
+	bypassMapSlCapTokens   = "sl_cap_tokens"
+	bypassMapSlCapture     = "sl_capture"
 	bypassMapSlConnFree    = "sl_conn_free"
 	bypassMapSlConnIndex   = "sl_conn_index"
 	bypassMapSlConnSocks   = "sl_conn_socks"
 	bypassMapSlConns       = "sl_conns"
+	bypassMapSlEvSettings  = "sl_ev_settings"
+	bypassMapSlEvents      = "sl_events"
 	bypassMapSlListeners   = "sl_listeners"
 	bypassMapSlSkState     = "sl_sk_state"
 	bypassMapSlSockhash    = "sl_sockhash"
 	bypassMapSlStats       = "sl_stats"
 	bypassProgSlMsg        = "sl_msg"
+	bypassProgSlRelease    = "sl_release"
 	bypassProgSlSockops    = "sl_sockops"
 	bypassVarBacklogLimit  = "backlog_limit"
 	bypassVarBlockingTcp   = "blocking_tcp"
@@ -188,6 +260,7 @@ type bypassSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
 	SlMsg     *ebpf.ProgramSpec `ebpf:"sl_msg"`
+	SlRelease *ebpf.ProgramSpec `ebpf:"sl_release"`
 	SlSockops *ebpf.ProgramSpec `ebpf:"sl_sockops"`
 }
 
@@ -195,14 +268,19 @@ type bypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
-	SlConnFree  *ebpf.MapSpec `ebpf:"sl_conn_free"`
-	SlConnIndex *ebpf.MapSpec `ebpf:"sl_conn_index"`
-	SlConnSocks *ebpf.MapSpec `ebpf:"sl_conn_socks"`
-	SlConns     *ebpf.MapSpec `ebpf:"sl_conns"`
-	SlListeners *ebpf.MapSpec `ebpf:"sl_listeners"`
-	SlSkState   *ebpf.MapSpec `ebpf:"sl_sk_state"`
-	SlSockhash  *ebpf.MapSpec `ebpf:"sl_sockhash"`
-	SlStats     *ebpf.MapSpec `ebpf:"sl_stats"`
+	SlCapSettings *ebpf.MapSpec `ebpf:"sl_cap_settings"`
+	SlCapTokens   *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
+	SlCapture     *ebpf.MapSpec `ebpf:"sl_capture"`
+	SlConnFree    *ebpf.MapSpec `ebpf:"sl_conn_free"`
+	SlConnIndex   *ebpf.MapSpec `ebpf:"sl_conn_index"`
+	SlConnSocks   *ebpf.MapSpec `ebpf:"sl_conn_socks"`
+	SlConns       *ebpf.MapSpec `ebpf:"sl_conns"`
+	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
+	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
+	SlListeners   *ebpf.MapSpec `ebpf:"sl_listeners"`
+	SlSkState     *ebpf.MapSpec `ebpf:"sl_sk_state"`
+	SlSockhash    *ebpf.MapSpec `ebpf:"sl_sockhash"`
+	SlStats       *ebpf.MapSpec `ebpf:"sl_stats"`
 }
 
 // bypassVariableSpecs contains global variables before they are loaded into the kernel.
@@ -235,22 +313,32 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
-	SlConnFree  *ebpf.Map `ebpf:"sl_conn_free"`
-	SlConnIndex *ebpf.Map `ebpf:"sl_conn_index"`
-	SlConnSocks *ebpf.Map `ebpf:"sl_conn_socks"`
-	SlConns     *ebpf.Map `ebpf:"sl_conns"`
-	SlListeners *ebpf.Map `ebpf:"sl_listeners"`
-	SlSkState   *ebpf.Map `ebpf:"sl_sk_state"`
-	SlSockhash  *ebpf.Map `ebpf:"sl_sockhash"`
-	SlStats     *ebpf.Map `ebpf:"sl_stats"`
+	SlCapSettings *ebpf.Map `ebpf:"sl_cap_settings"`
+	SlCapTokens   *ebpf.Map `ebpf:"sl_cap_tokens"`
+	SlCapture     *ebpf.Map `ebpf:"sl_capture"`
+	SlConnFree    *ebpf.Map `ebpf:"sl_conn_free"`
+	SlConnIndex   *ebpf.Map `ebpf:"sl_conn_index"`
+	SlConnSocks   *ebpf.Map `ebpf:"sl_conn_socks"`
+	SlConns       *ebpf.Map `ebpf:"sl_conns"`
+	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
+	SlEvents      *ebpf.Map `ebpf:"sl_events"`
+	SlListeners   *ebpf.Map `ebpf:"sl_listeners"`
+	SlSkState     *ebpf.Map `ebpf:"sl_sk_state"`
+	SlSockhash    *ebpf.Map `ebpf:"sl_sockhash"`
+	SlStats       *ebpf.Map `ebpf:"sl_stats"`
 }
 
 func (m *bypassMaps) Close() error {
 	return _BypassClose(
+		m.SlCapSettings,
+		m.SlCapTokens,
+		m.SlCapture,
 		m.SlConnFree,
 		m.SlConnIndex,
 		m.SlConnSocks,
 		m.SlConns,
+		m.SlEvSettings,
+		m.SlEvents,
 		m.SlListeners,
 		m.SlSkState,
 		m.SlSockhash,
@@ -273,12 +361,14 @@ type bypassVariables struct {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
 	SlMsg     *ebpf.Program `ebpf:"sl_msg"`
+	SlRelease *ebpf.Program `ebpf:"sl_release"`
 	SlSockops *ebpf.Program `ebpf:"sl_sockops"`
 }
 
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.SlMsg,
+		p.SlRelease,
 		p.SlSockops,
 	)
 }

@@ -19,6 +19,7 @@ import (
 const (
 	progPinSockops = "prog_sl_sockops"
 	progPinMsg     = "prog_sl_msg"
+	progPinRelease = "prog_sl_release"
 	linkPinPrefix  = "link_"
 )
 
@@ -147,6 +148,9 @@ func create(cfg Config) (*Datapath, error) {
 	if err := d.objs.SlSockops.Pin(filepath.Join(cfg.PinDir, progPinSockops)); err != nil {
 		return nil, fmt.Errorf("pinning sl_sockops: %w", err)
 	}
+	if err := d.objs.SlRelease.Pin(filepath.Join(cfg.PinDir, progPinRelease)); err != nil {
+		return nil, fmt.Errorf("pinning sl_release: %w", err)
+	}
 	// Pinned last: its presence marks a complete datapath.
 	if err := d.objs.SlMsg.Pin(filepath.Join(cfg.PinDir, progPinMsg)); err != nil {
 		return nil, fmt.Errorf("pinning sl_msg: %w", err)
@@ -176,6 +180,10 @@ func adopt(cfg Config) (*Datapath, error) {
 	if d.objs.SlMsg, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinMsg), nil); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("adopting pinned sl_msg: %w", err)
+	}
+	if d.objs.SlRelease, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinRelease), nil); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("adopting pinned sl_release (pinned by an older socklane: run `socklane down`): %w", err)
 	}
 	if err := d.adoptLB(); err != nil {
 		d.Close()

@@ -29,6 +29,7 @@ var hooks = []hook{
 	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername4 }},
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername6 }},
 	{"sockrelease", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.lb.SlSockRelease }},
+	{"release", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.objs.SlRelease }},
 	{"sockops", ebpf.AttachCGroupSockOps, func(d *Datapath) *ebpf.Program { return d.objs.SlSockops }},
 }
 

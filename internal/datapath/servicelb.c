@@ -22,6 +22,7 @@
 #include "sl_consts.h"
 #include "sl_lb_structs.h"
 #include "sl_lb_maps.h"
+#include "sl_event_maps.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -68,6 +69,37 @@ static __always_inline int member_usable(__u32 id, const struct sl_backend *be, 
 	if (m->state == SL_MEMBER_READY)
 		return 1;
 	return m->state == SL_MEMBER_TERMINATING && svc->ready == 0;
+}
+
+/* Emits a load balancer event (src: the address asked for, dst: the
+ * backend) if a reader listens. */
+static __always_inline void lb_event(void *ctx, __u32 type, __u32 id, const struct sl_backend *vip,
+				     const struct sl_backend *be, __u32 proto)
+{
+	int lost;
+	struct sl_event *e = event_reserve(&lost);
+	if (!e) {
+		if (lost)
+			lb_count(SL_LB_EVENTS_LOST);
+		return;
+	}
+	e->type = type;
+	e->svc_id = id;
+	e->proto = proto;
+	e->netns = bpf_get_netns_cookie(ctx);
+	e->src_ip[0] = vip->ip[0];
+	e->src_ip[1] = vip->ip[1];
+	e->src_ip[2] = vip->ip[2];
+	e->src_ip[3] = vip->ip[3];
+	e->src_port = vip->port;
+	if (be) {
+		e->dst_ip[0] = be->ip[0];
+		e->dst_ip[1] = be->ip[1];
+		e->dst_ip[2] = be->ip[2];
+		e->dst_ip[3] = be->ip[3];
+		e->dst_port = be->port;
+	}
+	bpf_ringbuf_submit(e, 0);
 }
 
 /* Picks a backend of svc. Returns 1 and fills be, or -1 if the service has
@@ -269,6 +301,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 		return 1; /* not a service: the common case */
 	int have_prev = !connected && remembered(ctx->sk, &vip, &prev);
 	if (pick(ctx, svc, &be, have_prev ? &prev : 0) < 0) {
+		lb_event(ctx, SL_EV_LB_REFUSED, svc->id, &vip, 0, proto);
 		/* As kube-proxy's REJECT rule: connection refused, at once. */
 		bpf_set_retval(-SL_ECONNREFUSED);
 		return 0;
@@ -280,6 +313,8 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 	remember(ctx->sk, &vip, &be);
 	if (connected)
 		track(ctx, svc->id, &be, proto);
+	if (!have_prev || !same_be(&prev, &be))
+		lb_event(ctx, SL_EV_LB_SELECT, svc->id, &vip, &be, proto);
 	return 1;
 }
 

@@ -55,12 +55,13 @@ const (
 	servicelbSlLbCounterSL_LB_ERR_STORAGE      servicelbSlLbCounter = 6
 	servicelbSlLbCounterSL_LB_CONNS_TRACKED    servicelbSlLbCounter = 7
 	servicelbSlLbCounterSL_LB_ERR_CONNS        servicelbSlLbCounter = 8
-	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 9
+	servicelbSlLbCounterSL_LB_EVENTS_LOST      servicelbSlLbCounter = 9
+	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 10
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [9]uint64
+	C [10]uint64
 }
 
 type servicelbSlMember struct {
@@ -105,6 +106,8 @@ type servicelbSlSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	servicelbMapSlEvSettings    = "sl_ev_settings"
+	servicelbMapSlEvents        = "sl_events"
 	servicelbMapSlLbConns       = "sl_lb_conns"
 	servicelbMapSlLbSk          = "sl_lb_sk"
 	servicelbMapSlLbStats       = "sl_lb_stats"
@@ -183,6 +186,8 @@ type servicelbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type servicelbMapSpecs struct {
+	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
+	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlLbConns     *ebpf.MapSpec `ebpf:"sl_lb_conns"`
 	SlLbSk        *ebpf.MapSpec `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.MapSpec `ebpf:"sl_lb_stats"`
@@ -221,6 +226,8 @@ func (o *servicelbObjects) Close() error {
 //
 // It can be passed to loadServicelbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type servicelbMaps struct {
+	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
+	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlLbConns     *ebpf.Map `ebpf:"sl_lb_conns"`
 	SlLbSk        *ebpf.Map `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.Map `ebpf:"sl_lb_stats"`
@@ -234,6 +241,8 @@ type servicelbMaps struct {
 
 func (m *servicelbMaps) Close() error {
 	return _ServicelbClose(
+		m.SlEvSettings,
+		m.SlEvents,
 		m.SlLbConns,
 		m.SlLbSk,
 		m.SlLbStats,

@@ -32,6 +32,10 @@ enum sl_counter {
 	SL_C_ERR_CONN_TABLE_FULL,     /* no free connection slot */
 	SL_C_ERR_INDEX,               /* connection index update failed */
 	SL_C_ERR_STORAGE,             /* socket storage unavailable */
+	SL_C_EVENTS_LOST,             /* events dropped: the event ring was full */
+	SL_C_CAPTURED,                /* bypassed messages captured */
+	SL_C_CAPTURE_LOST,            /* messages not captured: the capture ring was full */
+	SL_C_CAPTURE_RATE_DROPS,      /* messages not captured: over the capture rate limit */
 	SL_C_MAX,
 };
 

@@ -110,6 +110,7 @@ enum sl_lb_counter {
 	SL_LB_ERR_STORAGE,      /* socket storage unavailable: VIP not remembered */
 	SL_LB_CONNS_TRACKED,    /* connected sockets recorded for destruction on backend removal */
 	SL_LB_ERR_CONNS,        /* connected socket could not be recorded */
+	SL_LB_EVENTS_LOST,      /* events dropped: the event ring was full */
 	SL_LB_MAX,
 };
 

@@ -7,6 +7,7 @@
 #include <bpf/bpf_helpers.h>
 #include "sl_consts.h"
 #include "sl_structs.h"
+#include "sl_event_structs.h"
 
 /* Managed sockets, keyed by socket id (slot << 1 | role). A compact key keeps
  * the per-message redirect lookup cheap; endpoint matching happens once per
@@ -71,5 +72,25 @@ struct {
 	__type(key, __u32);
 	__type(value, struct sl_counters);
 } sl_stats SEC(".maps");
+
+/* Captured payload of bypassed messages (`socklane capture`). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} sl_capture SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sl_capture_cfg);
+} sl_cap_settings SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sl_cap_bucket);
+} sl_cap_tokens SEC(".maps");
 
 #endif

@@ -190,7 +190,7 @@ func (d *Datapath) Conns() ([]Conn, error) {
 
 // Programs returns the datapath's programs (for their kernel statistics).
 func (d *Datapath) Programs() []*ebpf.Program {
-	out := []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg}
+	out := []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg, d.objs.SlRelease}
 	for _, p := range d.lbPrograms() {
 		if *p != nil {
 			out = append(out, *p)

@@ -32,6 +32,9 @@ var (
 	famEvictions   = family{"socket_evictions_total", "Sockets removed from the bypass map because of their peer.", prometheus.CounterValue, nil}
 	famClosed      = family{"sockets_closed_total", "Managed sockets closed.", prometheus.CounterValue, nil}
 	famDPErrors    = family{"datapath_errors_total", "Datapath errors, by kind.", prometheus.CounterValue, []string{"error"}}
+	famEventsLost  = family{"events_lost_total", "Events dropped because the event ring buffer was full (only while a reader listens), by source.", prometheus.CounterValue, []string{"source"}}
+	famCaptured    = family{"capture_messages_total", "Bypassed messages captured by `socklane capture`.", prometheus.CounterValue, nil}
+	famCapDropped  = family{"capture_dropped_total", "Bypassed messages a running capture missed, by reason: ring_full (the reader fell behind) or rate_limit.", prometheus.CounterValue, []string{"reason"}}
 	famSockets     = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
 
 	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction).", prometheus.CounterValue, []string{"event"}}
@@ -48,6 +51,7 @@ var (
 var families = []family{
 	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
 	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets,
+	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked,
 	famProgRuns, famProgSeconds, famCollectErr, famBuild,
 }
@@ -81,6 +85,10 @@ var bypassCounters = map[string]counterRef{
 	"err_conn_table_full":     {famDPErrors, "conn_table_full"},
 	"err_index":               {famDPErrors, "index"},
 	"err_storage":             {famDPErrors, "storage"},
+	"events_lost":             {famEventsLost, "bypass"},
+	"captured":                {famCaptured, ""},
+	"capture_lost":            {famCapDropped, "ring_full"},
+	"capture_rate_drops":      {famCapDropped, "rate_limit"},
 }
 
 // lbCounters does the same for enum sl_lb_counter.
@@ -94,4 +102,5 @@ var lbCounters = map[string]counterRef{
 	"conns_tracked":    {famLBEvents, "conns_tracked"},
 	"err_storage":      {famLBErrors, "storage"},
 	"err_conns":        {famLBErrors, "conns_table"},
+	"events_lost":      {famEventsLost, "lb"},
 }

@@ -154,3 +154,23 @@ func getpeername(c syscall.Conn) (netip.AddrPort, error) {
 	}
 	return netip.AddrPort{}, fmt.Errorf("peer address of type %T", sa)
 }
+
+// Request sends data on one connection to addr and returns the first
+// reply (whatever one read returns), then closes.
+func Request(ctx context.Context, addr, data string) (string, error) {
+	c, err := DialAddr(ctx, addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(data)); err != nil {
+		return "", fmt.Errorf("writing: %w", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	if err != nil {
+		return "", fmt.Errorf("reading: %w", err)
+	}
+	return string(buf[:n]), nil
+}

@@ -99,7 +99,15 @@ func New() (*Bed, error) {
 	if err := os.MkdirAll(b.CgroupDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating cgroup %s: %w", b.CgroupDir, err)
 	}
-	b.cleanups = append(b.cleanups, func() error { return removeCgroup(b.CgroupDir) })
+	b.cleanups = append(b.cleanups, func() error {
+		if err := removeCgroup(b.CgroupDir); err != nil {
+			return err
+		}
+		// The shared parent goes with the last bed; another bed still
+		// in it keeps it (ENOTEMPTY/EBUSY).
+		_ = unix.Rmdir(filepath.Dir(b.CgroupDir))
+		return nil
+	})
 	ok = true
 	return b, nil
 }

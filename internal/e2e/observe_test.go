@@ -1,0 +1,247 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/pcap"
+	"github.com/socklane/socklane/internal/testbed"
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// background runs socklane in the background and waits for it to print
+// readyLine on stderr; it returns the process and its stdout.
+func background(t *testing.T, in *testutil.Instance, readyLine string, args ...string) (*exec.Cmd, io.Reader, *lockedBuffer) {
+	t.Helper()
+	cmd := exec.Command(in.Bin, append([]string{"--name", in.Name}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	var errText lockedBuffer
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		signalled := false
+		for sc.Scan() {
+			fmt.Fprintln(&errText, sc.Text())
+			if !signalled && strings.Contains(sc.Text(), readyLine) {
+				close(ready)
+				signalled = true
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("socklane %v did not become ready: %s", args, errText.String())
+	}
+	return cmd, stdout, &errText
+}
+
+// TestEvents: the event stream shows a bypassed connection's establish,
+// bypass and close in order, with the close carrying its byte totals, and
+// service selections.
+func TestEvents(t *testing.T) {
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+	in.Attach(srv, cli)
+	start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7300")
+	waitPort(t, srv, "0.0.0.0:7300")
+	f := filepath.Join(t.TempDir(), "svc.yaml")
+	if err := os.WriteFile(f, []byte(fmt.Sprintf("services:\n  - name: echo\n    vips: [198.19.0.30]\n    ports: [{port: 80, targetPort: 7300}]\n    backends: [{ip: %s}]\n  - name: empty\n    vips: [198.19.0.31]\n    ports: [{port: 80}]\n", srv.IPv4)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.MustRun("svc", "apply", "-f", f)
+
+	cmd, stdout, errText := background(t, in, "reading events", "events", "-o", "json", "--duration", "30s")
+	events := make(chan map[string]any, 100)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var e map[string]any
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				events <- e
+			}
+		}
+		close(events)
+	}()
+	// Three 100-byte round trips through the VIP, then close; and a
+	// connect to a service without backends.
+	run := func(p *testbed.Pod, args ...string) {
+		t.Helper()
+		c, err := p.Command(in.Bin, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Run()
+	}
+	run(cli, "peer", "pingpong", "198.19.0.30:80", "--size", "100", "--count", "3", "--warmup", "0")
+	run(cli, "peer", "lbprobe", "198.19.0.31:80", "--count", "1")
+
+	var got []map[string]any
+	deadline := time.After(15 * time.Second)
+	closes := 0
+	for closes < 2 || !hasType(got, "lb_refused") {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				t.Fatalf("event stream ended: %s\nevents: %v", errText.String(), got)
+			}
+			if e["type"] == "lost" {
+				t.Fatalf("events lost: %v", e)
+			}
+			if e["dst"] == fmt.Sprintf("%s:7300", srv.IPv4) || strings.HasPrefix(e["type"].(string), "lb_") {
+				got = append(got, e)
+				if e["type"] == "closed" {
+					closes++
+				}
+			}
+		case <-deadline:
+			t.Fatalf("want establish, bypass, two closes and an lb_refused; got %v", got)
+		}
+	}
+	_ = cmd.Process.Kill()
+	var order []string
+	for _, e := range got {
+		order = append(order, e["type"].(string))
+	}
+	want := []string{"lb_select", "established", "bypass", "closed", "closed", "lb_refused"}
+	if strings.Join(order, ",") != strings.Join(want, ",") {
+		t.Errorf("events in order %v, want %v", order, want)
+	}
+	closed := 0
+	for _, e := range got {
+		switch e["type"] {
+		case "closed":
+			// Each end's own direction is exact when it closes (its
+			// open verdict window is counted then); the last close has
+			// both.
+			closed++
+			b := e["bytes"].([]any)
+			own := 0
+			if e["role"] == "server" {
+				own = 1
+			}
+			if b[own].(float64) != 300 || (closed == 2 && b[1-own].(float64) != 300) {
+				t.Errorf("%s close: totals %v, want 300 bytes each way", e["role"], b)
+			}
+		case "lb_select":
+			if e["src"] != "198.19.0.30:80" || e["dst"] != fmt.Sprintf("%s:7300", srv.IPv4) {
+				t.Errorf("lb_select %v", e)
+			}
+		}
+	}
+}
+
+func hasType(evs []map[string]any, typ string) bool {
+	for _, e := range evs {
+		if e["type"] == typ {
+			return true
+		}
+	}
+	return false
+}
+
+// TestCapture records a known request and reply over a bypassed
+// connection and reads the file back with tcpdump and with the Go reader.
+func TestCapture(t *testing.T) {
+	tcpdump := testutil.RequireCommand(t, "tcpdump")
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+	in.Attach(srv, cli)
+	const request, reply = "REQUEST-FROM-CLIENT-0123456789", "REPLY-FROM-SERVER"
+	start(t, srv, in.Bin, "peer", "whoami", "0.0.0.0:7301", "--label", reply)
+	waitPort(t, srv, "0.0.0.0:7301")
+	file := filepath.Join(t.TempDir(), "bypass.pcap")
+	before := in.Counters()
+	cmd, _, errText := background(t, in, "capturing", "capture", "-w", file, "--port", "7301", "--count", "2", "--duration", "30s")
+	c, err := cli.Command(in.Bin, "peer", "request", fmt.Sprintf("%s:7301", srv.IPv4), "--data", request)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.CombinedOutput(); err != nil || !strings.Contains(string(out), reply) {
+		t.Fatalf("peer request: %v: %s", err, out)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("capture: %v: %s", err, errText.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("capture did not stop after 2 messages: %s", errText.String())
+	}
+	if !strings.Contains(errText.String(), "captured 2 messages") || !strings.Contains(errText.String(), "missed 0 (ring buffer full), 0 (over --rate)") {
+		t.Errorf("capture summary: %s", errText.String())
+	}
+	d := testutil.Delta(before, in.Counters())
+	mustEqual(t, d, "captured", 2)
+	mustAtLeast(t, d, "redirect_msgs", 2)
+
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkts, err := pcap.Read(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pkts) != 2 {
+		t.Fatalf("%d packets in the capture, want 2", len(pkts))
+	}
+	byPayload := map[string]pcap.Packet{}
+	for _, p := range pkts {
+		byPayload[string(p.Payload)] = p
+	}
+	q, okq := byPayload[request]
+	r, okr := byPayload[reply]
+	if !okq || !okr {
+		t.Fatalf("payloads %q and %q, want %q and %q", pkts[0].Payload, pkts[1].Payload, request, reply)
+	}
+	if q.Dst.String() != fmt.Sprintf("%s:7301", srv.IPv4) || q.Src.Addr() != cli.IPv4 || r.Src != q.Dst || r.Dst != q.Src {
+		t.Errorf("addresses: request %s -> %s, reply %s -> %s", q.Src, q.Dst, r.Src, r.Dst)
+	}
+	if !q.ChecksumOK || !r.ChecksumOK {
+		t.Errorf("TCP checksums do not verify")
+	}
+	out, err := exec.Command(tcpdump, "-nn", "-A", "-r", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tcpdump -r: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("%s.%d > %s.7301", cli.IPv4, q.Src.Port(), srv.IPv4),
+		fmt.Sprintf("%s.7301 > %s.%d", srv.IPv4, cli.IPv4, q.Src.Port()),
+		request, reply,
+		fmt.Sprintf("length %d", len(request)), fmt.Sprintf("length %d", len(reply)),
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("tcpdump -r output lacks %q:\n%s", want, out)
+		}
+	}
+}
