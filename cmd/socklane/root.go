@@ -80,6 +80,7 @@ func newRootCmd() *cobra.Command {
 		newConnsCmd(g),
 		newEventsCmd(g),
 		newCaptureCmd(g),
+		newTopCmd(g),
 		newSvcCmd(g),
 		newDownCmd(g),
 		newDemoCmd(g),

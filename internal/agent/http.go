@@ -42,7 +42,7 @@ func listenHTTP(addr string) (*httpServer, error) {
 func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
-		metrics.New(dp, func() (map[string]string, error) { return frontendNames(name) }),
+		metrics.New(dp, func() (map[string]string, error) { return FrontendNames(name) }),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -81,8 +81,8 @@ func (h *httpServer) close() {
 	_ = h.srv.Shutdown(ctx)
 }
 
-// frontendNames maps the applied services' frontends to their names.
-func frontendNames(name string) (map[string]string, error) {
+// FrontendNames maps the applied services' frontends to their names.
+func FrontendNames(name string) (map[string]string, error) {
 	svcs, err := AppliedServices(name)
 	if err != nil {
 		return nil, err

@@ -245,3 +245,61 @@ func TestCapture(t *testing.T) {
 		}
 	}
 }
+
+// TestTop: the batch view of `socklane top` shows a busy bypassed
+// connection with its byte rate, and a service choosing backends.
+func TestTop(t *testing.T) {
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+	in.Attach(srv, cli)
+	start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7302")
+	waitPort(t, srv, "0.0.0.0:7302")
+	f := filepath.Join(t.TempDir(), "svc.yaml")
+	if err := os.WriteFile(f, []byte(fmt.Sprintf("services:\n  - name: echo\n    vips: [198.19.0.32]\n    ports: [{port: 80, targetPort: 7302}]\n    backends: [{ip: %s}]\n", srv.IPv4)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.MustRun("svc", "apply", "-f", f)
+	pp := start(t, cli, in.Bin, "peer", "pingpong", fmt.Sprintf("%s:7302", srv.IPv4), "--size", "1000", "--count", "5000000", "--warmup", "0")
+	t.Cleanup(func() { _ = pp.cmd.Process.Kill() })
+	short := start(t, cli, in.Bin, "peer", "connects", "198.19.0.32:80", "--size", "64", "--count", "200000")
+	t.Cleanup(func() { _ = short.cmd.Process.Kill() })
+	time.Sleep(200 * time.Millisecond)
+
+	out := in.MustRun("top", "--batch", "--iterations", "3", "--interval", "300ms", "-o", "json")
+	type frame struct {
+		Conns []struct {
+			Server   string
+			Path     string
+			Up, Down float64
+		}
+		Services []struct {
+			Service  string
+			Selected float64
+		}
+	}
+	busy, balanced := false, false
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var fr frame
+		if err := json.Unmarshal([]byte(line), &fr); err != nil {
+			t.Fatalf("top -o json line %q: %v", line, err)
+		}
+		if len(fr.Conns) > 0 && fr.Conns[0].Server == fmt.Sprintf("%s:7302", srv.IPv4) && fr.Conns[0].Path == "bypass" && fr.Conns[0].Up > 0 && fr.Conns[0].Down > 0 {
+			busy = true
+		}
+		for _, s := range fr.Services {
+			if s.Service == "default/echo" && s.Selected > 0 {
+				balanced = true
+			}
+		}
+	}
+	if !busy || !balanced {
+		t.Errorf("top did not show the busy bypassed connection first (%v) or the service choosing backends (%v):\n%s", busy, balanced, out)
+	}
+	text := in.MustRun("top", "--batch", "--iterations", "1", "--interval", "200ms")
+	for _, want := range []string{"CLIENT", "SERVICE", "default/echo", "bypassed sockets"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("top text lacks %q:\n%s", want, text)
+		}
+	}
+}
