@@ -127,17 +127,20 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 				if err != nil {
 					return err
 				}
-				moved := after["redirect_msgs"] - before["redirect_msgs"]
+				// Bytes, not messages: under verdict windows one verdict
+				// covers many sends. The echo moves size bytes each way
+				// per round trip; a closed connection's count is exact.
+				moved := after["redirect_bytes"] - before["redirect_bytes"]
 				if on {
 					results[i].on = append(results[i].on, l)
 					redirected += moved
-					if moved < uint64(2*o.Count) {
-						return fmt.Errorf("bypass on, but only %d messages redirected for %d round trips", moved, o.Count)
+					if want := uint64(2 * size * o.Count); moved < want {
+						return fmt.Errorf("bypass on, but only %d bytes redirected for %d round trips of %d bytes (want at least %d)", moved, o.Count, size, want)
 					}
 				} else {
 					results[i].off = append(results[i].off, l)
 					if moved != 0 {
-						return fmt.Errorf("bypass off, yet %d messages were redirected", moved)
+						return fmt.Errorf("bypass off, yet %d bytes were redirected", moved)
 					}
 				}
 			}
@@ -158,8 +161,8 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nkernel counters: %d messages (%d bytes) redirected socket to socket, %d connections bypassed, %d passed to TCP\n",
-		c["redirect_msgs"], c["redirect_bytes"], c["conns_bypassed"], c["pass_msgs"])
+	fmt.Fprintf(w, "\nkernel counters: %d bytes redirected socket to socket under %d verdicts, %d connections bypassed, %d messages passed to TCP\n",
+		c["redirect_bytes"], c["redirect_msgs"], c["conns_bypassed"], c["pass_msgs"])
 	if redirected == 0 {
 		return errors.New("no message was redirected")
 	}

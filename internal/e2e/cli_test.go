@@ -137,3 +137,19 @@ func waitFor(t *testing.T, f func() bool) {
 	}
 	t.Fatal("condition never held")
 }
+
+// TestDemo runs the README's main command at a small size: it must keep
+// working as the datapath changes (it checks the kernel's counters itself).
+func TestDemo(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Binary(t)
+	out, err := exec.Command(bin, "demo", "--rounds", "1", "--count", "300", "--sizes", "1,4096").CombinedOutput()
+	if err != nil {
+		t.Fatalf("socklane demo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"bypass mean us", "bytes redirected socket to socket"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
