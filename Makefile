@@ -25,7 +25,7 @@ test: deps ## run the whole test suite (root; kernel tests run for real)
 	$(GO) test -count=1 -p 1 -timeout 40m ./...
 
 unit: ## tests that need no root
-	$(GO) test -count=1 ./internal/cgroups/ ./internal/peer/ ./internal/service/ ./internal/sockdiag/ ./internal/metrics/ ./internal/pcap/ ./internal/conntable/
+	$(GO) test -count=1 ./internal/cgroups/ ./internal/peer/ ./internal/service/ ./internal/sockdiag/ ./internal/metrics/ ./internal/pcap/ ./internal/conntable/ ./internal/cri/ ./internal/top/
 
 check-generated: generate ## fail if committed generated files differ from a fresh build
 	git diff --exit-code -- internal/datapath/

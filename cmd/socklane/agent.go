@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/cri"
 	"github.com/spf13/cobra"
 )
 
@@ -18,6 +19,8 @@ func newAgentCmd(g *globals) *cobra.Command {
 	var servicesInterval time.Duration
 	var metricsAddr string
 	var bpfStats bool
+	var podSelector, criSocket string
+	var podInterval time.Duration
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the node agent in the foreground (loads or adopts the datapath and attaches it)",
@@ -33,6 +36,7 @@ socklane with 'socklane down'.`,
 			cfg := set.config(g, cgs)
 			cfg.ServicesFile, cfg.ServicesInterval = servicesFile, servicesInterval
 			cfg.MetricsAddress, cfg.BPFStats = metricsAddr, bpfStats
+			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			return agent.Run(ctx, cfg, g.logger(os.Stderr))
 		},
 	}
@@ -41,6 +45,9 @@ socklane with 'socklane down'.`,
 	cmd.Flags().DurationVar(&servicesInterval, "services-interval", agent.DefaultServicesInterval, "how often to check the service file for changes")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-address", agent.DefaultMetricsAddress, "serve Prometheus /metrics, /healthz and /readyz here (\"\" for none)")
 	cmd.Flags().BoolVar(&bpfStats, "bpf-stats", false, "turn the kernel's BPF run-time statistics on while the agent runs (per-program run counts and time in /metrics)")
+	cmd.Flags().StringVar(&podSelector, "pod-selector", "", "attach to the running pods whose labels match key=value[,key=value] (found through the container runtime; pods that start later are attached, pods that go away detached); without --cgroup the cgroup v2 root is then not attached")
+	cmd.Flags().StringVar(&criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket (for --pod-selector)")
+	cmd.Flags().DurationVar(&podInterval, "pod-interval", agent.DefaultPodInterval, "how often to list pods for --pod-selector")
 	set.add(cmd)
 	cmd.SetContext(context.Background())
 	return cmd

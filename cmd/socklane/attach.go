@@ -1,48 +1,135 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/cgroups"
+	"github.com/socklane/socklane/internal/cri"
 	"github.com/spf13/cobra"
 )
 
-// targetFlags selects a cgroup by path or by a process in it.
+// targetFlags selects cgroups: by path, by a process in it, or by pod
+// (and container) or label selector through the container runtime.
 type targetFlags struct {
-	cgroup string
-	pid    int
+	cgroup    string
+	pid       int
+	pod       string
+	container string
+	selector  string
+	criSocket string
 }
 
 func (t *targetFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&t.cgroup, "cgroup", "", "cgroup v2 directory (absolute, or relative to the cgroup v2 root)")
 	cmd.Flags().IntVar(&t.pid, "pid", 0, "process whose cgroup to use")
+	cmd.Flags().StringVar(&t.pod, "pod", "", "pod NAMESPACE/NAME, found through the container runtime (CRI)")
+	cmd.Flags().StringVar(&t.container, "container", "", "with --pod: only this container of the pod")
+	cmd.Flags().StringVar(&t.selector, "selector", "", "every running pod whose labels match key=value[,key=value]")
+	cmd.Flags().StringVar(&t.criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket")
 }
 
-func (t *targetFlags) resolve() (agent.Target, error) {
-	if (t.cgroup == "") == (t.pid == 0) {
-		return agent.Target{}, errors.New("give exactly one of --cgroup PATH or --pid PID")
+func (t *targetFlags) resolve(ctx context.Context) ([]agent.Target, error) {
+	n := 0
+	for _, set := range []bool{t.cgroup != "", t.pid != 0, t.pod != "", t.selector != ""} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return nil, errors.New("give exactly one of --cgroup PATH, --pid PID, --pod NAMESPACE/NAME or --selector KEY=VALUE")
+	}
+	if t.container != "" && t.pod == "" {
+		return nil, errors.New("--container needs --pod")
 	}
 	root, err := cgroups.Root()
 	if err != nil {
-		return agent.Target{}, err
+		return nil, err
 	}
-	path := t.cgroup
-	if t.pid != 0 {
+	var paths []string
+	switch {
+	case t.cgroup != "":
+		paths = []string{t.cgroup}
+	case t.pid != 0:
 		if t.pid < 0 {
-			return agent.Target{}, fmt.Errorf("invalid --pid %d", t.pid)
+			return nil, fmt.Errorf("invalid --pid %d", t.pid)
 		}
-		if path, err = cgroups.OfPID(root, t.pid); err != nil {
-			return agent.Target{}, err
+		path, err := cgroups.OfPID(root, t.pid)
+		if err != nil {
+			return nil, err
+		}
+		paths = []string{path}
+	default:
+		if paths, err = t.podCgroups(ctx); err != nil {
+			return nil, err
 		}
 	}
-	p, id, err := cgroups.Resolve(root, path)
+	var out []agent.Target
+	for _, path := range paths {
+		p, id, err := cgroups.Resolve(root, path)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, agent.Target{Path: p, ID: id})
+	}
+	return out, nil
+}
+
+// podCgroups resolves --pod/--container or --selector through the CRI.
+func (t *targetFlags) podCgroups(ctx context.Context) ([]string, error) {
+	var sel cri.Selector
+	if t.selector != "" {
+		var err error
+		if sel, err = cri.ParseSelector(t.selector); err != nil {
+			return nil, err
+		}
+	}
+	c, err := cri.Dial(ctx, t.criSocket)
 	if err != nil {
-		return agent.Target{}, err
+		return nil, err
 	}
-	return agent.Target{Path: p, ID: id}, nil
+	defer c.Close()
+	pods, err := c.Pods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if sel != nil {
+		var paths []string
+		for _, p := range cri.Select(pods, sel) {
+			if p.Cgroup != "" {
+				paths = append(paths, p.Cgroup)
+			}
+		}
+		if len(paths) == 0 {
+			return nil, fmt.Errorf("no running pod matches %s", t.selector)
+		}
+		return paths, nil
+	}
+	p, err := cri.Find(pods, t.pod)
+	if err != nil {
+		return nil, err
+	}
+	if t.container == "" {
+		if p.Cgroup == "" {
+			return nil, fmt.Errorf("pod %s has no cgroup yet (no running container)", p.Key())
+		}
+		return []string{p.Cgroup}, nil
+	}
+	var names []string
+	for _, k := range p.Containers {
+		if k.Name == t.container {
+			if k.Cgroup == "" {
+				return nil, fmt.Errorf("container %s of pod %s is not running", k.Name, p.Key())
+			}
+			return []string{k.Cgroup}, nil
+		}
+		names = append(names, k.Name)
+	}
+	return nil, fmt.Errorf("pod %s has no container %s (it has: %s)", p.Key(), t.container, strings.Join(names, ", "))
 }
 
 func newAttachCmd(g *globals) *cobra.Command {
@@ -59,19 +146,25 @@ func newAttachCmd(g *globals) *cobra.Command {
 			if err := set.config(g, nil).Validate(); err != nil {
 				return err
 			}
-			target, err := t.resolve()
+			targets, err := t.resolve(cmd.Context())
 			if err != nil {
 				return err
 			}
-			dp, err := agent.Start(set.config(g, []string{target.Path}), g.logger(os.Stderr))
+			var paths []string
+			for _, tg := range targets {
+				paths = append(paths, tg.Path)
+			}
+			dp, err := agent.Start(set.config(g, paths), g.logger(os.Stderr))
 			if err != nil {
 				return err
 			}
 			defer dp.Close()
 			if g.json() {
-				return writeJSON(cmd.OutOrStdout(), map[string]any{"attached": target.Path, "cgroup_id": target.ID})
+				return writeJSON(cmd.OutOrStdout(), map[string]any{"attached": targets})
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "attached %s (cgroup id %d)\n", target.Path, target.ID)
+			for _, tg := range targets {
+				fmt.Fprintf(cmd.OutOrStdout(), "attached %s (cgroup id %d)\n", tg.Path, tg.ID)
+			}
 			return nil
 		},
 	}
@@ -92,21 +185,25 @@ func newDetachCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer dp.Close()
-			target, err := t.resolve()
+			targets, err := t.resolve(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ok, err := dp.Detach(target.ID)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return fmt.Errorf("socklane is not attached to %s", target.Path)
+			for _, target := range targets {
+				ok, err := dp.Detach(target.ID)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return fmt.Errorf("socklane is not attached to %s", target.Path)
+				}
 			}
 			if g.json() {
-				return writeJSON(cmd.OutOrStdout(), map[string]any{"detached": target.Path, "cgroup_id": target.ID})
+				return writeJSON(cmd.OutOrStdout(), map[string]any{"detached": targets})
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "detached %s\n", target.Path)
+			for _, target := range targets {
+				fmt.Fprintf(cmd.OutOrStdout(), "detached %s\n", target.Path)
+			}
 			return nil
 		},
 	}

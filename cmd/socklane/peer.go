@@ -162,6 +162,17 @@ func newPeerCmd() *cobra.Command {
 		return map[string]string{"reply": reply}, err
 	})
 	request.Flags().StringVar(&data, "data", "hello", "what to send")
-	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request)
+	pause := &cobra.Command{
+		Use:   "pause",
+		Short: "Sleep until SIGTERM or SIGINT (a pod sandbox's process in the tests' images)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := ctx()
+			defer stop()
+			<-ctx.Done()
+			return nil
+		},
+	}
+	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause)
 	return cmd
 }

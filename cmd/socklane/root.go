@@ -81,6 +81,7 @@ func newRootCmd() *cobra.Command {
 		newEventsCmd(g),
 		newCaptureCmd(g),
 		newTopCmd(g),
+		newPodsCmd(g),
 		newSvcCmd(g),
 		newDownCmd(g),
 		newDemoCmd(g),

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/cgroups"
+	"github.com/socklane/socklane/internal/cri"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/service"
 	"golang.org/x/sys/unix"
@@ -45,6 +46,13 @@ type Config struct {
 	// BPFStats turns the kernel's BPF run-time statistics on while the
 	// agent runs (bpf_program_* metrics; costs tens of ns per run).
 	BPFStats bool
+	// PodSelector (key=value[,...]), if set, keeps the datapath attached
+	// to the running pods whose labels match, found through the CRI
+	// runtime at CRISocket every PodInterval; pods that go away are
+	// detached. Without Cgroups, the root is then not attached.
+	PodSelector string
+	CRISocket   string
+	PodInterval time.Duration
 }
 
 // Validate checks the settings that do not need the kernel.
@@ -59,6 +67,14 @@ func (c Config) Validate() error {
 	}
 	if c.ServicesInterval < 0 || (c.ServicesInterval > 0 && c.ServicesInterval < 10*time.Millisecond) {
 		return fmt.Errorf("--services-interval %s: want at least 10ms", c.ServicesInterval)
+	}
+	if c.PodSelector != "" {
+		if _, err := cri.ParseSelector(c.PodSelector); err != nil {
+			return fmt.Errorf("--pod-selector: %w", err)
+		}
+	}
+	if c.PodInterval < 0 || (c.PodInterval > 0 && c.PodInterval < 100*time.Millisecond) {
+		return fmt.Errorf("--pod-interval %s: want at least 100ms", c.PodInterval)
 	}
 	return nil
 }
@@ -106,8 +122,8 @@ func Probe() error {
 
 // Target is a cgroup to attach to, resolved and checked.
 type Target struct {
-	Path string
-	ID   uint64
+	Path string `json:"cgroup"`
+	ID   uint64 `json:"cgroup_id"`
 }
 
 // ResolveTargets checks every cgroup before anything is attached.
@@ -139,9 +155,12 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 	if err := RequireRoot(); err != nil {
 		return nil, err
 	}
-	targets, err := ResolveTargets(cfg.Cgroups)
-	if err != nil {
-		return nil, err
+	var targets []Target
+	if cfg.PodSelector == "" || len(cfg.Cgroups) > 0 {
+		var err error
+		if targets, err = ResolveTargets(cfg.Cgroups); err != nil {
+			return nil, err
+		}
 	}
 	if err := Probe(); err != nil {
 		return nil, err
@@ -185,6 +204,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		defer web.close()
 	}
+	var pods *podWatch
+	if cfg.PodSelector != "" {
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+		sel, _ := cri.ParseSelector(cfg.PodSelector)
+		socket := cfg.CRISocket
+		if socket == "" {
+			socket = cri.DefaultSocket
+		}
+		c, err := cri.Dial(ctx, socket)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		pods = &podWatch{c: c, sel: sel, log: log, attached: map[uint64]string{}}
+	}
 	if cfg.BPFStats {
 		stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 		if err != nil {
@@ -212,6 +248,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer t.Stop()
 		services = t.C
 	}
+	var podTick <-chan time.Time
+	if pods != nil {
+		pods.dp = dp
+		pods.reconcile(ctx)
+		interval := cfg.PodInterval
+		if interval == 0 {
+			interval = DefaultPodInterval
+		}
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		podTick = t.C
+	}
 	if web != nil {
 		web.serve(dp, cfg.PinName, log)
 		web.ready.Store(true)
@@ -226,6 +274,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return nil
 		case <-services:
 			watch.poll()
+		case <-podTick:
+			pods.reconcile(ctx)
 		case <-tick.C:
 			if c, err := dp.Counters(); err == nil {
 				log.Info("bypass", "conns_bypassed", c["conns_bypassed"], "redirect_bytes", c["redirect_bytes"])

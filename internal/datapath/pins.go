@@ -146,3 +146,41 @@ func (p Pins) Remove() error {
 	}
 	return nil
 }
+
+// PruneDefunct removes the attachments of cgroups that no longer exist (a
+// pod that went away): the kernel detached their links when the cgroup
+// was released, which leaves their pins behind. Returns the cgroup ids
+// pruned.
+func (p Pins) PruneDefunct() ([]uint64, error) {
+	ls, err := p.links()
+	if err != nil {
+		return nil, err
+	}
+	var gone []uint64
+	for id, hs := range ls {
+		pin, ok := hs["sockops"]
+		if !ok {
+			continue
+		}
+		l, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			continue
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			continue
+		}
+		if cg := info.Cgroup(); cg == nil || cg.CgroupId != 0 {
+			continue
+		}
+		for _, pin := range hs {
+			if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return gone, fmt.Errorf("removing %s: %w", pin, err)
+			}
+		}
+		gone = append(gone, id)
+	}
+	slices.Sort(gone)
+	return gone, nil
+}

@@ -112,6 +112,8 @@ func Binary(t testing.TB) string {
 		}
 		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/socklane")
 		cmd.Dir = root
+		// Static, so that container images can carry it too.
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("building socklane: %v: %s", err, out)
 		}

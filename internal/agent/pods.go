@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/socklane/socklane/internal/cgroups"
+	"github.com/socklane/socklane/internal/cri"
+	"github.com/socklane/socklane/internal/datapath"
+)
+
+// DefaultPodInterval is how often the agent lists the runtime's pods for
+// its standing selector.
+const DefaultPodInterval = 2 * time.Second
+
+// podWatch keeps the datapath attached to exactly the running pods that
+// match a label selector.
+type podWatch struct {
+	c        *cri.Client
+	sel      cri.Selector
+	dp       *datapath.Datapath
+	log      *slog.Logger
+	attached map[uint64]string // cgroup id -> pod, attached by this agent
+}
+
+// reconcile attaches pods that match and appeared, and removes the
+// attachments of pods that went away (their cgroups are gone).
+func (w *podWatch) reconcile(ctx context.Context) {
+	pods, err := w.c.Pods(ctx)
+	if err != nil {
+		w.log.Error("listing pods", "err", err)
+		return
+	}
+	root, err := cgroups.Root()
+	if err != nil {
+		w.log.Error("finding the cgroup v2 root", "err", err)
+		return
+	}
+	want := map[uint64]bool{}
+	for _, p := range cri.Select(pods, w.sel) {
+		if p.Cgroup == "" {
+			continue
+		}
+		path, id, err := cgroups.Resolve(root, p.Cgroup)
+		if err != nil {
+			continue // went away meanwhile
+		}
+		want[id] = true
+		if _, ok := w.attached[id]; ok {
+			continue
+		}
+		if _, err := w.dp.Attach(path, id); err != nil {
+			w.log.Error("attaching pod", "pod", p.Key(), "cgroup", path, "err", err)
+			continue
+		}
+		w.attached[id] = p.Key()
+		w.log.Info("pod attached", "pod", p.Key(), "cgroup", path, "cgroup_id", id)
+	}
+	// Pods this agent attached that stopped or were removed.
+	for id, pod := range w.attached {
+		if want[id] {
+			continue
+		}
+		if _, err := w.dp.Detach(id); err != nil {
+			w.log.Error("detaching pod", "pod", pod, "cgroup_id", id, "err", err)
+			continue
+		}
+		w.log.Info("pod gone: detached", "pod", pod, "cgroup_id", id)
+		delete(w.attached, id)
+	}
+	// Attachments whose cgroup the kernel already released (attached by
+	// an earlier agent, or by hand).
+	gone, err := datapath.Pins(w.dp.PinDir()).PruneDefunct()
+	if err != nil {
+		w.log.Error("removing attachments of gone cgroups", "err", err)
+	}
+	for _, id := range gone {
+		w.log.Info("cgroup gone: attachment removed", "cgroup_id", id)
+	}
+}
