@@ -3,7 +3,7 @@
 GO ?= go
 BIN := bin/socklane
 
-.PHONY: help deps generate build demo test unit check-generated metrics-doc lint clean
+.PHONY: help deps generate build demo test unit check-generated metrics-doc k8s-binaries lint clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
@@ -22,7 +22,10 @@ demo: deps build ## two pods, round-trip times with and without the bypass (root
 
 test: deps ## run the whole test suite (root; kernel tests run for real)
 	$(GO) vet ./...
-	$(GO) test -count=1 -p 1 -timeout 40m ./...
+	SOCKLANE_K8S_BIN=$$(./scripts/k8s-binaries.sh) $(GO) test -count=1 -p 1 -timeout 40m ./...
+
+k8s-binaries: ## build (once, cached by version) the Kubernetes API server and etcd the tests use
+	./scripts/k8s-binaries.sh
 
 unit: ## tests that need no root
 	$(GO) test -count=1 ./internal/cgroups/ ./internal/peer/ ./internal/service/ ./internal/sockdiag/ ./internal/metrics/ ./internal/pcap/ ./internal/conntable/ ./internal/cri/ ./internal/top/

@@ -21,6 +21,8 @@ func newAgentCmd(g *globals) *cobra.Command {
 	var bpfStats bool
 	var podSelector, criSocket string
 	var podInterval time.Duration
+	var kubeServices bool
+	var kubeconfig string
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the node agent in the foreground (loads or adopts the datapath and attaches it)",
@@ -37,6 +39,7 @@ socklane with 'socklane down'.`,
 			cfg.ServicesFile, cfg.ServicesInterval = servicesFile, servicesInterval
 			cfg.MetricsAddress, cfg.BPFStats = metricsAddr, bpfStats
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
+			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
 			return agent.Run(ctx, cfg, g.logger(os.Stderr))
 		},
 	}
@@ -48,6 +51,8 @@ socklane with 'socklane down'.`,
 	cmd.Flags().StringVar(&podSelector, "pod-selector", "", "attach to the running pods whose labels match key=value[,key=value] (found through the container runtime; pods that start later are attached, pods that go away detached); without --cgroup the cgroup v2 root is then not attached")
 	cmd.Flags().StringVar(&criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket (for --pod-selector)")
 	cmd.Flags().DurationVar(&podInterval, "pod-interval", agent.DefaultPodInterval, "how often to list pods for --pod-selector")
+	cmd.Flags().BoolVar(&kubeServices, "kube-services", false, "serve the cluster's Services and EndpointSlices, watched through the Kubernetes API server")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --kube-services: kubeconfig file (default: the in-cluster configuration)")
 	set.add(cmd)
 	cmd.SetContext(context.Background())
 	return cmd

@@ -19,8 +19,10 @@ import (
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/cri"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/kube"
 	"github.com/socklane/socklane/internal/service"
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/rest"
 )
 
 // Config of one node agent.
@@ -53,6 +55,11 @@ type Config struct {
 	PodSelector string
 	CRISocket   string
 	PodInterval time.Duration
+	// KubeServices serves the cluster's Services and EndpointSlices,
+	// watched through the API server (Kubeconfig, or the in-cluster
+	// configuration when empty). Not with ServicesFile.
+	KubeServices bool
+	Kubeconfig   string
 }
 
 // Validate checks the settings that do not need the kernel.
@@ -67,6 +74,9 @@ func (c Config) Validate() error {
 	}
 	if c.ServicesInterval < 0 || (c.ServicesInterval > 0 && c.ServicesInterval < 10*time.Millisecond) {
 		return fmt.Errorf("--services-interval %s: want at least 10ms", c.ServicesInterval)
+	}
+	if c.KubeServices && c.ServicesFile != "" {
+		return errors.New("--kube-services and --services: give one source of services")
 	}
 	if c.PodSelector != "" {
 		if _, err := cri.ParseSelector(c.PodSelector); err != nil {
@@ -196,6 +206,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 	}
+	var kubeCfg *rest.Config
+	if cfg.KubeServices {
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+		var err error
+		if kubeCfg, err = kube.Config(cfg.Kubeconfig); err != nil {
+			return err
+		}
+	}
 	var web *httpServer
 	if cfg.MetricsAddress != "" {
 		var err error
@@ -260,6 +280,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer t.Stop()
 		podTick = t.C
 	}
+	kubeDone := make(chan error, 1)
+	if kubeCfg != nil {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			kubeDone <- kube.Watch(ctx, kubeCfg, 20*time.Millisecond, func(set *service.Set) error {
+				st, err := ApplyServices(dp, cfg.PinName, set)
+				if err == nil {
+					log.Debug("services programmed", "frontends", st.Frontends, "added", st.Added, "updated", st.Updated,
+						"removed", st.Removed, "sockets_destroyed", st.Destroyed, "took", st.Took)
+				}
+				return err
+			}, log)
+		}()
+	}
 	if web != nil {
 		web.serve(dp, cfg.PinName, log)
 		web.ready.Store(true)
@@ -276,6 +311,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			watch.poll()
 		case <-podTick:
 			pods.reconcile(ctx)
+		case err := <-kubeDone:
+			if err != nil {
+				return fmt.Errorf("kubernetes source: %w", err)
+			}
 		case <-tick.C:
 			if c, err := dp.Counters(); err == nil {
 				log.Info("bypass", "conns_bypassed", c["conns_bypassed"], "redirect_bytes", c["redirect_bytes"])

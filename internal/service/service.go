@@ -295,3 +295,9 @@ func (s *Set) Find(key string) *Service {
 	}
 	return nil
 }
+
+// NewSet checks services built by a program (such as the Kubernetes
+// source) by the same rules as a file.
+func NewSet(svcs []*Service) (*Set, error) {
+	return normalise(svcs, func(string) int { return 0 })
+}

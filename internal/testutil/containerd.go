@@ -102,6 +102,7 @@ state = %q
 	}
 	cmd := exec.Command("containerd", "--config", cfgPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

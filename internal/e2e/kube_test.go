@@ -1,0 +1,344 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"text/template"
+	"time"
+
+	"gopkg.in/yaml.v3"
+	appsv1 "k8s.io/api/apps/v1"
+	authv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// renderChart renders the Helm chart's templates with its values, as
+// helm template does for the constructs the chart uses (values, release,
+// if, quote).
+func renderChart(t *testing.T, dir, release, namespace string, set map[string]any) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := map[string]any{}
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		t.Fatalf("values.yaml: %v", err)
+	}
+	for k, v := range set {
+		values[k] = v
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "templates", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("chart templates: %v", err)
+	}
+	var out bytes.Buffer
+	for _, f := range files {
+		tpl, err := template.New(filepath.Base(f)).Option("missingkey=error").Funcs(template.FuncMap{
+			"quote": func(v any) string { return fmt.Sprintf("%q", fmt.Sprint(v)) },
+		}).ParseFiles(f)
+		if err != nil {
+			t.Fatalf("parsing %s: %v", f, err)
+		}
+		out.WriteString("---\n")
+		if err := tpl.Execute(&out, map[string]any{
+			"Values":  values,
+			"Release": map[string]any{"Name": release, "Namespace": namespace},
+		}); err != nil {
+			t.Fatalf("rendering %s: %v", f, err)
+		}
+		out.WriteString("\n")
+	}
+	return out.Bytes()
+}
+
+// dryRun sends every object of a multi-document manifest to the API
+// server with dryRun=All (server-side validation, admission and
+// defaulting, nothing stored) and returns them decoded.
+func dryRun(t *testing.T, cs kubernetes.Interface, manifest []byte) []runtime.Object {
+	t.Helper()
+	ctx := context.Background()
+	opts := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	var objs []runtime.Object
+	for i, doc := range strings.Split(string(manifest), "\n---") {
+		if strings.TrimSpace(strings.TrimPrefix(doc, "---")) == "" || isComment(doc) {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		if err != nil {
+			t.Fatalf("document %d does not decode: %v\n%s", i, err, doc)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = cs.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, opts)
+		case *rbacv1.ClusterRole:
+			_, err = cs.RbacV1().ClusterRoles().Create(ctx, o, opts)
+		case *rbacv1.ClusterRoleBinding:
+			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, o, opts)
+		case *appsv1.DaemonSet:
+			_, err = cs.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
+		default:
+			t.Fatalf("document %d: unexpected kind %T", i, obj)
+		}
+		if err != nil {
+			t.Fatalf("server-side dry run of document %d (%T): %v", i, obj, err)
+		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
+func isComment(doc string) bool {
+	for _, l := range strings.Split(doc, "\n") {
+		if l = strings.TrimSpace(l); l != "" && l != "---" && !strings.HasPrefix(l, "#") {
+			return false
+		}
+	}
+	return true
+}
+
+// TestDeploy validates deploy/kubernetes and the Helm chart against a real
+// API server (server-side dry run), and checks that the agent's
+// ServiceAccount may read exactly Services and EndpointSlices.
+func TestDeploy(t *testing.T) {
+	api := testutil.StartAPIServer(t)
+	root := filepath.Join("..", "..", "deploy")
+	manifest, err := os.ReadFile(filepath.Join(root, "kubernetes", "socklane.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := dryRun(t, api.Client, manifest)
+	if len(objs) != 4 {
+		t.Errorf("%d objects in deploy/kubernetes/socklane.yaml, want 4", len(objs))
+	}
+	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}} {
+		chart := renderChart(t, filepath.Join(root, "helm", "socklane"), "sl", "kube-system", set)
+		objs := dryRun(t, api.Client, chart)
+		var args []string
+		for _, o := range objs {
+			if ds, ok := o.(*appsv1.DaemonSet); ok {
+				args = ds.Spec.Template.Spec.Containers[0].Args
+			}
+		}
+		joined := strings.Join(args, " ")
+		if strings.Contains(joined, "--kube-services") != (set["kubeServices"] != false) || strings.Contains(joined, "--pod-selector=app=web") != (set["podSelector"] != nil) {
+			t.Errorf("chart with %v: agent args %v", set, args)
+		}
+	}
+
+	// Least privilege: create the RBAC objects for real and ask the API
+	// server what the agent's account may do.
+	ctx := context.Background()
+	for _, o := range objs {
+		var err error
+		switch o := o.(type) {
+		case *corev1.ServiceAccount:
+			_, err = api.Client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			_, err = api.Client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = api.Client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	user := "system:serviceaccount:kube-system:socklane"
+	for _, tc := range []struct {
+		group, resource, verb string
+		allowed               bool
+	}{
+		{"", "services", "list", true}, {"", "services", "watch", true}, {"", "services", "get", true},
+		{"discovery.k8s.io", "endpointslices", "watch", true}, {"discovery.k8s.io", "endpointslices", "list", true},
+		{"", "services", "create", false}, {"", "services", "delete", false}, {"", "secrets", "get", false},
+		{"", "pods", "list", false}, {"", "nodes", "list", false}, {"discovery.k8s.io", "endpointslices", "update", false},
+	} {
+		r, err := api.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system"},
+			ResourceAttributes: &authv1.ResourceAttributes{Group: tc.group, Resource: tc.resource, Verb: tc.verb},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status.Allowed != tc.allowed {
+			t.Errorf("%s %s/%s: allowed %v, want %v", tc.verb, tc.group, tc.resource, r.Status.Allowed, tc.allowed)
+		}
+	}
+}
+
+// TestKubeServices: Services and EndpointSlices created in a real API
+// server reach the datapath; a pod connects to the ClusterIP and reaches a
+// backend; an EndpointSlice update moves traffic and destroys the sockets
+// of the removed backend; deleting the Service stops new connects.
+func TestKubeServices(t *testing.T) {
+	api := testutil.StartAPIServer(t)
+	lb := newLBBed(t)
+	be0, be1 := lb.back[0], lb.back[1]
+	var logs lockedBuffer
+	agent := startAgent(t, lb, &logs, "--kube-services", "--kubeconfig", api.Kubeconfig, "-v")
+	_ = agent
+	ctx := context.Background()
+	created := time.Now()
+	_, err := api.Client.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "who"},
+		Spec: corev1.ServiceSpec{ClusterIP: "198.19.0.10", Ports: []corev1.ServicePort{
+			{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)},
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice := func(ips ...string) *discoveryv1.EndpointSlice {
+		es := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: "who-1", Labels: map[string]string{discoveryv1.LabelServiceName: "who"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(corev1.ProtocolTCP)}},
+		}
+		for _, ip := range ips {
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})
+		}
+		return es
+	}
+	if _, err := api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(be0.IPv4.String(), be1.IPv4.String()), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForLog(t, &logs, func() bool { return strings.Contains(lb.in.MustRun("svc", "list"), "default/who") })
+	t.Logf("Service and EndpointSlice created to programmed (agent started with them): %s", time.Since(created))
+	r := lb.probe(t, lb.client, "tcp", "198.19.0.10:80", 40)
+	if r.Replies["be0"] == 0 || r.Replies["be1"] == 0 || r.Replies["be0"]+r.Replies["be1"] != 40 {
+		t.Fatalf("through the ClusterIP: %v %v", r.Replies, r.Errors)
+	}
+
+	h := startHold(t, lb, lb.client, 12, "--mode", "tcp", "198.19.0.10:80")
+	updated := time.Now()
+	if _, err := api.Client.DiscoveryV1().EndpointSlices("default").Update(ctx, slice(be1.IPv4.String()), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	closed := h.closed(t, len(h.on("be0")), 300*time.Millisecond)
+	for _, i := range h.on("be0") {
+		if closed[i] != "ECONNABORTED" {
+			t.Errorf("socket %d on the removed backend: %q, want ECONNABORTED", i, closed[i])
+		}
+	}
+	for i := range closed {
+		if h.backend[i] != "be0" {
+			t.Errorf("socket %d on be1 closed", i)
+		}
+	}
+	if r := lb.probe(t, lb.client, "tcp", "198.19.0.10:80", 20); r.Replies["be1"] != 20 {
+		t.Errorf("after the update: %v %v", r.Replies, r.Errors)
+	}
+	t.Logf("EndpointSlice update to stale sockets destroyed: %s", time.Since(updated))
+
+	if err := api.Client.CoreV1().Services("default").Delete(ctx, "who", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForLog(t, &logs, func() bool { return !strings.Contains(lb.in.MustRun("svc", "list"), "default/who") })
+	// The VIP is nobody's address once its Service is gone.
+	if r := lb.probe(t, lb.client, "tcp", "198.19.0.10:80", 1); len(r.Errors) == 0 || len(r.Replies) != 0 {
+		t.Errorf("a connect to a deleted Service's ClusterIP: %v %v", r.Replies, r.Errors)
+	}
+	if !strings.Contains(logs.String(), "kubernetes services applied") || !strings.Contains(logs.String(), "latency=") {
+		t.Errorf("agent log lacks the programming latency:\n%s", logs.String())
+	}
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "kubernetes services applied") {
+			t.Log(l[strings.Index(l, "msg="):])
+		}
+	}
+}
+
+// startAgent runs `socklane agent` on the bed's pods with extra flags.
+func startAgent(t *testing.T, lb *lbBed, logs *lockedBuffer, extra ...string) *proc {
+	t.Helper()
+	args := []string{"--name", lb.in.Name, "agent", "--cgroup", lb.client.Cgroup, "--metrics-address", ""}
+	for _, p := range lb.back {
+		args = append(args, "--cgroup", p.Cgroup)
+	}
+	cmd := exec.Command(lb.in.Bin, append(args, extra...)...)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return &proc{cmd: cmd}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestKubeCRI: the DaemonSet's job on one node. The agent attaches to the
+// runtime's pods by label and serves the API server's Services: a CRI pod
+// connects to a ClusterIP, reaches the backend pod, and the connection,
+// both ends being on this node, is bypassed.
+func TestKubeCRI(t *testing.T) {
+	api := testutil.StartAPIServer(t)
+	rt := testutil.StartContainerd(t)
+	in := testutil.NewInstance(t)
+	rt.RunPod("default", "server", map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "echo", Args: []string{"peer", "echo", "0.0.0.0:7000"}})
+	rt.RunPod("default", "client", map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
+	pods := criPods(t, rt)
+	server, client := pods["default/server"], pods["default/client"]
+	var logs lockedBuffer
+	agent := exec.Command(in.Bin, "--name", in.Name, "agent", "--pod-selector", "app=web", "--cri-socket", rt.Socket,
+		"--pod-interval", "200ms", "--kube-services", "--kubeconfig", api.Kubeconfig, "--metrics-address", "")
+	agent.Stdout, agent.Stderr = &logs, &logs
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = agent.Process.Kill(); _ = agent.Wait() })
+	ctx := context.Background()
+	if _, err := api.Client.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo"},
+		Spec: corev1.ServiceSpec{ClusterIP: "198.19.0.20", Ports: []corev1.ServicePort{
+			{Name: "echo", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("echo")},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "echo-1", Labels: map[string]string{discoveryv1.LabelServiceName: "echo"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("echo"), Port: ptr[int32](7000), Protocol: ptr(corev1.ProtocolTCP)}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{server.IP}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForLog(t, &logs, func() bool {
+		m := managedPods(t, in, rt.Socket)
+		return m["default/server"] && m["default/client"] && strings.Contains(in.MustRun("svc", "list"), "default/echo")
+	})
+	before, lbBefore := in.Counters(), lbCountersOf(t, in)
+	out, err := rt.Exec(client.Containers[0].ID, 30*time.Second, "/socklane", "peer", "pingpong", "198.19.0.20:80", "--size", "100", "--count", "200", "--warmup", "0")
+	if err != nil {
+		t.Fatalf("pingpong to the ClusterIP from a CRI pod: %v: %s", err, out)
+	}
+	mustEqual(t, testutil.Delta(before, in.Counters()), "conns_bypassed", 1)
+	mustAtLeast(t, testutil.Delta(lbBefore, lbCountersOf(t, in)), "selected", 1)
+}
+
+func lbCountersOf(t *testing.T, in *testutil.Instance) map[string]uint64 {
+	t.Helper()
+	var st struct {
+		Counters map[string]uint64 `json:"counters"`
+	}
+	if err := json.Unmarshal([]byte(in.MustRun("svc", "list", "-o", "json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Counters
+}

@@ -1,0 +1,137 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/socklane/socklane/internal/service"
+)
+
+// Config reads a kubeconfig file, or the in-cluster configuration when
+// path is empty.
+func Config(path string) (*rest.Config, error) {
+	if path == "" {
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("reading the in-cluster Kubernetes configuration (outside a pod give --kubeconfig): %w", err)
+		}
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("reading kubeconfig %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Apply programs a set of services; it reports how long the datapath
+// took.
+type Apply func(*service.Set) error
+
+// Watch keeps apply fed with the cluster's Services and EndpointSlices
+// until ctx ends. Changes that arrive together are applied together (a
+// batch closes quiet milliseconds after its last event). Each apply is
+// logged with its programming latency: from the first event of the batch
+// to the end of the apply.
+func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, apply Apply, log *slog.Logger) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating the Kubernetes client: %w", err)
+	}
+	f := informers.NewSharedInformerFactory(cs, 0)
+	svcInf := f.Core().V1().Services()
+	esInf := f.Discovery().V1().EndpointSlices()
+	var mu sync.Mutex
+	var first time.Time // first event of the pending batch
+	kick := make(chan struct{}, 1)
+	changed := func() {
+		mu.Lock()
+		if first.IsZero() {
+			first = time.Now()
+		}
+		mu.Unlock()
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { changed() },
+		UpdateFunc: func(any, any) { changed() },
+		DeleteFunc: func(any) { changed() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), esInf.Informer()} {
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("watching: %w", err)
+		}
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("listing %v from the API server failed (RBAC: get, list and watch services and endpointslices)", typ)
+		}
+	}
+	log.Info("kubernetes source synced")
+	changed()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-kick:
+		}
+		// Let a burst of events settle into one apply.
+		timer := time.NewTimer(quiet)
+	settle:
+		for {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil
+			case <-kick:
+				if !timer.Stop() {
+					<-timer.C
+				}
+				timer.Reset(quiet)
+			case <-timer.C:
+				break settle
+			}
+		}
+		mu.Lock()
+		since := first
+		first = time.Time{}
+		mu.Unlock()
+		svcs, err := svcInf.Lister().List(labels.Everything())
+		if err != nil {
+			return err
+		}
+		slices, err := esInf.Lister().List(labels.Everything())
+		if err != nil {
+			return err
+		}
+		built, notes := Build(svcs, slices)
+		for _, n := range notes {
+			log.Debug("kubernetes source", "note", n)
+		}
+		set, err := service.NewSet(built)
+		if err != nil {
+			log.Error("kubernetes services refused; the applied services stay", "err", err)
+			continue
+		}
+		if err := apply(set); err != nil {
+			log.Error("applying kubernetes services", "err", err)
+			continue
+		}
+		log.Info("kubernetes services applied", "services", len(set.Services), "latency", time.Since(since))
+	}
+}
