@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
-	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/conntable"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/pcap"
@@ -43,39 +42,21 @@ over TCP is visible to tcpdump itself. One capture at a time.`,
 			if port < 0 || port > 65535 {
 				return fmt.Errorf("--port %d: want 1 to 65535", port)
 			}
-			if pid != 0 && cgroup != "" {
-				return fmt.Errorf("give --pid or --cgroup, not both")
-			}
 			dp, err := g.openPinned()
 			if err != nil {
 				return err
 			}
 			defer dp.Close()
 			cfg := datapath.CaptureConfig{Port: uint16(port), Snap: snap, Rate: rate}
-			switch {
-			case pid != 0:
-				if cfg.Netns, err = conntable.NetnsOfPID(pid); err != nil {
-					return fmt.Errorf("--pid %d: %w", pid, err)
-				}
-			case cgroup != "":
-				root, err := cgroups.Root()
-				if err != nil {
-					return err
-				}
-				path, _, err := cgroups.Resolve(root, cgroup)
-				if err != nil {
-					return err
-				}
-				ns, err := conntable.NetnsOfCgroup(path)
-				if err != nil {
-					return err
-				}
-				if len(ns) != 1 {
-					return fmt.Errorf("--cgroup %s: its processes are in %d network namespaces; capture one pod at a time (or use --pid)", cgroup, len(ns))
-				}
-				for n := range ns {
-					cfg.Netns = n
-				}
+			ns, err := conntable.Netns(pid, cgroup)
+			if err != nil {
+				return err
+			}
+			if len(ns) > 1 {
+				return fmt.Errorf("--cgroup %s: its processes are in %d network namespaces; capture one pod at a time (or use --pid)", cgroup, len(ns))
+			}
+			for n := range ns {
+				cfg.Netns = n
 			}
 			unlock, err := agent.Exclusive(g.name, "capture")
 			if err != nil {

@@ -12,7 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/conntable"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/spf13/cobra"
@@ -54,27 +53,8 @@ pod: connections with an end in its network namespace), --port and --addr
 				return err
 			}
 			defer dp.Close()
-			switch {
-			case pid != 0 && cgroup != "":
-				return fmt.Errorf("give --pid or --cgroup, not both")
-			case pid != 0:
-				ns, err := conntable.NetnsOfPID(pid)
-				if err != nil {
-					return fmt.Errorf("--pid %d: %w", pid, err)
-				}
-				f.Netns = map[uint64]bool{ns: true}
-			case cgroup != "":
-				root, err := cgroups.Root()
-				if err != nil {
-					return err
-				}
-				path, _, err := cgroups.Resolve(root, cgroup)
-				if err != nil {
-					return err
-				}
-				if f.Netns, err = conntable.NetnsOfCgroup(path); err != nil {
-					return err
-				}
+			if f.Netns, err = conntable.Netns(pid, cgroup); err != nil {
+				return err
 			}
 			show := func() error {
 				conns, err := dp.Conns()

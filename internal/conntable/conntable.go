@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/sockdiag"
 )
@@ -120,4 +121,31 @@ func NetnsOfCgroup(dir string) (map[uint64]bool, error) {
 		return nil, fmt.Errorf("cgroup %s has no process: it has no network namespace to filter by", dir)
 	}
 	return out, nil
+}
+
+// Netns resolves a pod given as a process (pid) or a cgroup directory
+// (absolute, or relative to the cgroup v2 root) to its network
+// namespaces; nil if neither is given.
+func Netns(pid int, cgroup string) (map[uint64]bool, error) {
+	switch {
+	case pid != 0 && cgroup != "":
+		return nil, fmt.Errorf("give --pid or --cgroup, not both")
+	case pid != 0:
+		ns, err := NetnsOfPID(pid)
+		if err != nil {
+			return nil, fmt.Errorf("--pid %d: %w", pid, err)
+		}
+		return map[uint64]bool{ns: true}, nil
+	case cgroup != "":
+		root, err := cgroups.Root()
+		if err != nil {
+			return nil, err
+		}
+		path, _, err := cgroups.Resolve(root, cgroup)
+		if err != nil {
+			return nil, err
+		}
+		return NetnsOfCgroup(path)
+	}
+	return nil, nil
 }

@@ -133,7 +133,7 @@ static __always_inline void copy_ip(__u32 *dst, const __u32 *src)
 
 /* Emits an event about connection c (src: the client, dst: the server)
  * if a reader listens. */
-static __always_inline void conn_event(struct sl_conn *c, __u32 type, __u32 reason, __u8 dir, __u8 role)
+static __noinline void conn_event(struct sl_conn *c, __u32 type, __u32 reason, __u8 dir, __u8 role)
 {
 	int lost;
 	struct sl_event *e = event_reserve(&lost);

@@ -69,13 +69,7 @@ func TestEvents(t *testing.T) {
 	in := testutil.NewInstance(t)
 	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 	in.Attach(srv, cli)
-	start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7300")
-	waitPort(t, srv, "0.0.0.0:7300")
-	f := filepath.Join(t.TempDir(), "svc.yaml")
-	if err := os.WriteFile(f, []byte(fmt.Sprintf("services:\n  - name: echo\n    vips: [198.19.0.30]\n    ports: [{port: 80, targetPort: 7300}]\n    backends: [{ip: %s}]\n  - name: empty\n    vips: [198.19.0.31]\n    ports: [{port: 80}]\n", srv.IPv4)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	in.MustRun("svc", "apply", "-f", f)
+	echoService(t, in, srv, 7300, "198.19.0.30", "  - name: empty\n    vips: [198.19.0.31]\n    ports: [{port: 80}]\n")
 
 	cmd, stdout, errText := background(t, in, "reading events", "events", "-o", "json", "--duration", "30s")
 	events := make(chan map[string]any, 100)
@@ -253,13 +247,7 @@ func TestTop(t *testing.T) {
 	in := testutil.NewInstance(t)
 	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 	in.Attach(srv, cli)
-	start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7302")
-	waitPort(t, srv, "0.0.0.0:7302")
-	f := filepath.Join(t.TempDir(), "svc.yaml")
-	if err := os.WriteFile(f, []byte(fmt.Sprintf("services:\n  - name: echo\n    vips: [198.19.0.32]\n    ports: [{port: 80, targetPort: 7302}]\n    backends: [{ip: %s}]\n", srv.IPv4)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	in.MustRun("svc", "apply", "-f", f)
+	echoService(t, in, srv, 7302, "198.19.0.32", "")
 	pp := start(t, cli, in.Bin, "peer", "pingpong", fmt.Sprintf("%s:7302", srv.IPv4), "--size", "1000", "--count", "5000000", "--warmup", "0")
 	t.Cleanup(func() { _ = pp.cmd.Process.Kill() })
 	short := start(t, cli, in.Bin, "peer", "connects", "198.19.0.32:80", "--size", "64", "--count", "200000")
@@ -302,4 +290,19 @@ func TestTop(t *testing.T) {
 			t.Errorf("top text lacks %q:\n%s", want, text)
 		}
 	}
+}
+
+// echoService starts an echo server on port in srv and serves it as
+// service "echo" on vip:80, with more services (YAML list items) if given.
+func echoService(t *testing.T, in *testutil.Instance, srv *testbed.Pod, port int, vip, more string) {
+	t.Helper()
+	listen := fmt.Sprintf("0.0.0.0:%d", port)
+	start(t, srv, in.Bin, "peer", "echo", listen)
+	waitPort(t, srv, listen)
+	f := filepath.Join(t.TempDir(), "svc.yaml")
+	yaml := fmt.Sprintf("services:\n  - name: echo\n    vips: [%s]\n    ports: [{port: 80, targetPort: %d}]\n    backends: [{ip: %s}]\n%s", vip, port, srv.IPv4, more)
+	if err := os.WriteFile(f, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.MustRun("svc", "apply", "-f", f)
 }

@@ -161,15 +161,7 @@ func (r *Runtime) stop(cmd *exec.Cmd, logf *os.File) {
 		}
 		r.Client.Close()
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
+	stopProcess(cmd, 10*time.Second)
 	logf.Close()
 	// Shims of this containerd (they outlive it by design).
 	_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-runc-v2 .*-address "+r.Socket).Run()

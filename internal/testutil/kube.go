@@ -52,17 +52,23 @@ func startProc(t testing.TB, log string, name string, args ...string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		stopProcess(cmd, 10*time.Second)
 		f.Close()
 	})
+}
+
+// stopProcess sends SIGTERM, and SIGKILL if the process has not exited
+// after grace.
+func stopProcess(cmd *exec.Cmd, grace time.Duration) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // StartAPIServer runs etcd and kube-apiserver (built by
