@@ -22,7 +22,7 @@ func newAgentCmd(g *globals) *cobra.Command {
 	var podSelector, criSocket string
 	var podInterval time.Duration
 	var kubeServices bool
-	var kubeconfig string
+	var kubeconfig, kubePodSelector, nodeName string
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the node agent in the foreground (loads or adopts the datapath and attaches it)",
@@ -40,6 +40,7 @@ socklane with 'socklane down'.`,
 			cfg.MetricsAddress, cfg.BPFStats = metricsAddr, bpfStats
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
+			cfg.KubePodSelector, cfg.NodeName = kubePodSelector, nodeName
 			return agent.Run(ctx, cfg, g.logger(os.Stderr))
 		},
 	}
@@ -52,7 +53,9 @@ socklane with 'socklane down'.`,
 	cmd.Flags().StringVar(&criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket (for --pod-selector)")
 	cmd.Flags().DurationVar(&podInterval, "pod-interval", agent.DefaultPodInterval, "how often to list pods for --pod-selector")
 	cmd.Flags().BoolVar(&kubeServices, "kube-services", false, "serve the cluster's Services and EndpointSlices, watched through the Kubernetes API server")
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --kube-services: kubeconfig file (default: the in-cluster configuration)")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --kube-services or --kube-pod-selector: kubeconfig file (default: the in-cluster configuration)")
+	cmd.Flags().StringVar(&kubePodSelector, "kube-pod-selector", "", "attach to the pods the API server places on this node whose labels match this Kubernetes label selector (found in the runtime by UID; pods that go away are detached)")
+	cmd.Flags().StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name in the cluster (for --kube-pod-selector)")
 	set.add(cmd)
 	cmd.SetContext(context.Background())
 	return cmd

@@ -60,6 +60,11 @@ type Config struct {
 	// configuration when empty). Not with ServicesFile.
 	KubeServices bool
 	Kubeconfig   string
+	// KubePodSelector (Kubernetes label selector syntax), if set, keeps
+	// the datapath attached to the pods the API server places on NodeName
+	// whose labels match, found in the runtime (CRISocket) by UID.
+	KubePodSelector string
+	NodeName        string
 }
 
 // Validate checks the settings that do not need the kernel.
@@ -77,6 +82,12 @@ func (c Config) Validate() error {
 	}
 	if c.KubeServices && c.ServicesFile != "" {
 		return errors.New("--kube-services and --services: give one source of services")
+	}
+	if c.KubePodSelector != "" && c.PodSelector != "" {
+		return errors.New("--kube-pod-selector and --pod-selector: give one")
+	}
+	if c.KubePodSelector != "" && c.NodeName == "" {
+		return errors.New("--kube-pod-selector needs this node's name: --node-name, or the NODE_NAME environment variable")
 	}
 	if c.PodSelector != "" {
 		if _, err := cri.ParseSelector(c.PodSelector); err != nil {
@@ -166,7 +177,7 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 		return nil, err
 	}
 	var targets []Target
-	if cfg.PodSelector == "" || len(cfg.Cgroups) > 0 {
+	if (cfg.PodSelector == "" && cfg.KubePodSelector == "") || len(cfg.Cgroups) > 0 {
 		var err error
 		if targets, err = ResolveTargets(cfg.Cgroups); err != nil {
 			return nil, err
@@ -207,7 +218,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 	}
 	var kubeCfg *rest.Config
-	if cfg.KubeServices {
+	if cfg.KubeServices || cfg.KubePodSelector != "" {
 		if err := cfg.Validate(); err != nil {
 			return err
 		}
@@ -225,11 +236,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer web.close()
 	}
 	var pods *podWatch
-	if cfg.PodSelector != "" {
+	if cfg.PodSelector != "" || cfg.KubePodSelector != "" {
 		if err := cfg.Validate(); err != nil {
 			return err
 		}
-		sel, _ := cri.ParseSelector(cfg.PodSelector)
+		var sel cri.Selector
+		if cfg.PodSelector != "" {
+			sel, _ = cri.ParseSelector(cfg.PodSelector)
+		}
 		socket := cfg.CRISocket
 		if socket == "" {
 			socket = cri.DefaultSocket
@@ -240,6 +254,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		defer c.Close()
 		pods = &podWatch{c: c, sel: sel, log: log, attached: map[uint64]string{}}
+		if cfg.KubePodSelector != "" {
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			if pods.fromAPI, err = kube.WatchPods(ctx, kubeCfg, cfg.NodeName, cfg.KubePodSelector, log); err != nil {
+				return err
+			}
+		}
 	}
 	if cfg.BPFStats {
 		stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))

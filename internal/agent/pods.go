@@ -8,6 +8,7 @@ import (
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/cri"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/kube"
 )
 
 // DefaultPodInterval is how often the agent lists the runtime's pods for
@@ -17,8 +18,11 @@ const DefaultPodInterval = 2 * time.Second
 // podWatch keeps the datapath attached to exactly the running pods that
 // match a label selector.
 type podWatch struct {
-	c        *cri.Client
-	sel      cri.Selector
+	c   *cri.Client
+	sel cri.Selector
+	// fromAPI, if set, selects instead: the pods the API server places on
+	// this node with matching labels, found in the runtime by UID.
+	fromAPI  *kube.PodSet
 	dp       *datapath.Datapath
 	log      *slog.Logger
 	attached map[uint64]string // cgroup id -> pod, attached by this agent
@@ -38,7 +42,7 @@ func (w *podWatch) reconcile(ctx context.Context) {
 		return
 	}
 	want := map[uint64]bool{}
-	for _, p := range cri.Select(pods, w.sel) {
+	for _, p := range w.selected(pods) {
 		if p.Cgroup == "" {
 			continue
 		}
@@ -78,4 +82,19 @@ func (w *podWatch) reconcile(ctx context.Context) {
 	for _, id := range gone {
 		w.log.Info("cgroup gone: attachment removed", "cgroup_id", id)
 	}
+}
+
+// selected are the running pods to attach.
+func (w *podWatch) selected(pods []cri.Pod) []cri.Pod {
+	if w.fromAPI == nil {
+		return cri.Select(pods, w.sel)
+	}
+	uids := w.fromAPI.UIDs()
+	var out []cri.Pod
+	for _, p := range pods {
+		if _, ok := uids[p.UID]; ok && p.Ready() {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -52,6 +52,7 @@ func renderChart(t *testing.T, dir, release, namespace string, set map[string]an
 	for _, f := range files {
 		tpl, err := template.New(filepath.Base(f)).Option("missingkey=error").Funcs(template.FuncMap{
 			"quote": func(v any) string { return fmt.Sprintf("%q", fmt.Sprint(v)) },
+			"or": func(a, b any) bool { return truthy(a) || truthy(b) },
 		}).ParseFiles(f)
 		if err != nil {
 			t.Fatalf("parsing %s: %v", f, err)
@@ -104,6 +105,19 @@ func dryRun(t *testing.T, cs kubernetes.Interface, manifest []byte) []runtime.Ob
 	return objs
 }
 
+// truthy is Helm's notion of a set value.
+func truthy(v any) bool {
+	switch v := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return v
+	case string:
+		return v != ""
+	}
+	return true
+}
+
 func isComment(doc string) bool {
 	for _, l := range strings.Split(doc, "\n") {
 		if l = strings.TrimSpace(l); l != "" && l != "---" && !strings.HasPrefix(l, "#") {
@@ -127,7 +141,7 @@ func TestDeploy(t *testing.T) {
 	if len(objs) != 4 {
 		t.Errorf("%d objects in deploy/kubernetes/socklane.yaml, want 4", len(objs))
 	}
-	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}} {
+	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}} {
 		chart := renderChart(t, filepath.Join(root, "helm", "socklane"), "sl", "kube-system", set)
 		objs := dryRun(t, api.Client, chart)
 		var args []string
@@ -137,7 +151,8 @@ func TestDeploy(t *testing.T) {
 			}
 		}
 		joined := strings.Join(args, " ")
-		if strings.Contains(joined, "--kube-services") != (set["kubeServices"] != false) || strings.Contains(joined, "--pod-selector=app=web") != (set["podSelector"] != nil) {
+		if strings.Contains(joined, "--kube-services") != (set["kubeServices"] != false) || strings.Contains(joined, "--pod-selector=app=web") != (set["podSelector"] != nil) ||
+			strings.Contains(joined, "--kube-pod-selector=app=web") != (set["kubePodSelector"] != nil) {
 			t.Errorf("chart with %v: agent args %v", set, args)
 		}
 	}
@@ -282,27 +297,43 @@ func startAgent(t *testing.T, lb *lbBed, logs *lockedBuffer, extra ...string) *p
 
 func ptr[T any](v T) *T { return &v }
 
-// TestKubeCRI: the DaemonSet's job on one node. The agent attaches to the
-// runtime's pods by label and serves the API server's Services: a CRI pod
-// connects to a ClusterIP, reaches the backend pod, and the connection,
-// both ends being on this node, is bypassed.
+// TestKubeCRI: the DaemonSet's job on one node. The agent watches the
+// API server's pods of its node, attaches to those whose labels match
+// (found in the runtime by UID) and serves the API server's Services: a
+// CRI pod connects to a ClusterIP and reaches the backend pod, and the
+// connection, both ends being on this node, is bypassed. A pod deleted
+// from the API server is detached.
 func TestKubeCRI(t *testing.T) {
 	api := testutil.StartAPIServer(t)
 	rt := testutil.StartContainerd(t)
 	in := testutil.NewInstance(t)
-	rt.RunPod("default", "server", map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "echo", Args: []string{"peer", "echo", "0.0.0.0:7000"}})
-	rt.RunPod("default", "client", map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
+	ctx := context.Background()
+	// The API server's pods; the runtime's sandboxes carry their UIDs, as
+	// the kubelet would make them.
+	apiPod := func(name, app, node string) string {
+		p, err := api.Client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}},
+			Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: testutil.PeerImage}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(p.UID)
+	}
+	rt.RunPodUID("default", "server", apiPod("server", "web", "node-1"), map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "echo", Args: []string{"peer", "echo", "0.0.0.0:7000"}})
+	rt.RunPodUID("default", "client", apiPod("client", "web", "node-1"), map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
+	rt.RunPodUID("default", "other", apiPod("other", "other", "node-1"), map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
+	rt.RunPodUID("default", "elsewhere", apiPod("elsewhere", "web", "node-2"), map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
 	pods := criPods(t, rt)
 	server, client := pods["default/server"], pods["default/client"]
 	var logs lockedBuffer
-	agent := exec.Command(in.Bin, "--name", in.Name, "agent", "--pod-selector", "app=web", "--cri-socket", rt.Socket,
-		"--pod-interval", "200ms", "--kube-services", "--kubeconfig", api.Kubeconfig, "--metrics-address", "")
+	agent := exec.Command(in.Bin, "--name", in.Name, "agent", "--kube-pod-selector", "app=web", "--node-name", "node-1",
+		"--cri-socket", rt.Socket, "--pod-interval", "200ms", "--kube-services", "--kubeconfig", api.Kubeconfig, "--metrics-address", "")
 	agent.Stdout, agent.Stderr = &logs, &logs
 	if err := agent.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = agent.Process.Kill(); _ = agent.Wait() })
-	ctx := context.Background()
 	if _, err := api.Client.CoreV1().Services("default").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "echo"},
 		Spec: corev1.ServiceSpec{ClusterIP: "198.19.0.20", Ports: []corev1.ServicePort{
@@ -323,6 +354,10 @@ func TestKubeCRI(t *testing.T) {
 		m := managedPods(t, in, rt.Socket)
 		return m["default/server"] && m["default/client"] && strings.Contains(in.MustRun("svc", "list"), "default/echo")
 	})
+	// Labels in the runtime do not count: the API server's do, and the node.
+	if m := managedPods(t, in, rt.Socket); m["default/other"] || m["default/elsewhere"] {
+		t.Errorf("pods attached that the API server's labels or node exclude: %v", m)
+	}
 	before, lbBefore := in.Counters(), lbCountersOf(t, in)
 	out, err := rt.Exec(client.Containers[0].ID, 30*time.Second, "/socklane", "peer", "pingpong", "198.19.0.20:80", "--size", "100", "--count", "200", "--warmup", "0")
 	if err != nil {
@@ -330,6 +365,11 @@ func TestKubeCRI(t *testing.T) {
 	}
 	mustEqual(t, testutil.Delta(before, in.Counters()), "conns_bypassed", 1)
 	mustAtLeast(t, testutil.Delta(lbBefore, lbCountersOf(t, in)), "selected", 1)
+
+	if err := api.Client.CoreV1().Pods("default").Delete(ctx, "client", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForLog(t, &logs, func() bool { return !managedPods(t, in, rt.Socket)["default/client"] })
 }
 
 func lbCountersOf(t *testing.T, in *testutil.Instance) map[string]uint64 {

@@ -227,11 +227,17 @@ type ContainerSpec struct {
 // sandbox id.
 func (r *Runtime) RunPod(namespace, name string, labels map[string]string, containers ...ContainerSpec) string {
 	r.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	var u [8]byte
 	_, _ = rand.Read(u[:])
-	uid := hex.EncodeToString(u[:])
+	return r.RunPodUID(namespace, name, hex.EncodeToString(u[:]), labels, containers...)
+}
+
+// RunPodUID is RunPod for a pod of a given UID (as the kubelet runs the
+// API server's pods).
+func (r *Runtime) RunPodUID(namespace, name, uid string, labels map[string]string, containers ...ContainerSpec) string {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	all := map[string]string{
 		"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.uid": uid,
 	}
