@@ -52,7 +52,7 @@ func renderChart(t *testing.T, dir, release, namespace string, set map[string]an
 	for _, f := range files {
 		tpl, err := template.New(filepath.Base(f)).Option("missingkey=error").Funcs(template.FuncMap{
 			"quote": func(v any) string { return fmt.Sprintf("%q", fmt.Sprint(v)) },
-			"or": func(a, b any) bool { return truthy(a) || truthy(b) },
+			"or":    func(a, b any) bool { return truthy(a) || truthy(b) },
 		}).ParseFiles(f)
 		if err != nil {
 			t.Fatalf("parsing %s: %v", f, err)
