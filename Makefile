@@ -6,7 +6,7 @@ BIN := bin/socklane
 .PHONY: help deps generate build demo test unit check-generated metrics-doc k8s-binaries lint clean
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
 
 deps: ## install system packages (Debian; as root)
 	./scripts/install-deps.sh
