@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
@@ -72,13 +69,8 @@ over TCP is visible to tcpdump itself. One capture at a time.`,
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := interruptible(duration)
 			defer stop()
-			if duration > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, duration)
-				defer cancel()
-			}
 			n, bytes := 0, uint64(0)
 			ready := func() { fmt.Fprintf(cmd.ErrOrStderr(), "capturing bypassed traffic to %s; interrupt to stop\n", file) }
 			loss, err := dp.Capture(ctx, cfg, ready, func(m datapath.CapturedMessage) error {

@@ -1,14 +1,10 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
-	"os/signal"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -79,7 +75,7 @@ pod: connections with an end in its network namespace), --port and --addr
 			if !watch {
 				return show()
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := interruptible(0)
 			defer stop()
 			tick := time.NewTicker(interval)
 			defer tick.Stop()

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
-	"os/signal"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
@@ -57,13 +53,8 @@ full are reported as "lost" lines. One reader at a time.`,
 				return err
 			}
 			defer unlock()
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := interruptible(duration)
 			defer stop()
-			if duration > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, duration)
-				defer cancel()
-			}
 			out := cmd.OutOrStdout()
 			enc := json.NewEncoder(out)
 			n := 0

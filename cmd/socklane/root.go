@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
+	"time"
 
 	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/bpffs"
@@ -47,6 +52,17 @@ func (g *globals) openPinned() (*datapath.Datapath, error) {
 }
 
 func (g *globals) json() bool { return g.output == "json" }
+
+// interruptible is a context that ends on SIGINT or SIGTERM, or after d
+// when d > 0.
+func interruptible(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if d <= 0 {
+		return ctx, stop
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	return ctx, func() { cancel(); stop() }
+}
 
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
@@ -53,7 +50,7 @@ when the output is not a terminal, it prints one frame per interval
 				}
 				return top.Err(m)
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := interruptible(0)
 			defer stop()
 			prev, err := src()
 			if err != nil {

@@ -281,11 +281,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := watch.apply(set, sum); err != nil {
 			return err
 		}
-		interval := cfg.ServicesInterval
-		if interval == 0 {
-			interval = DefaultServicesInterval
-		}
-		t := time.NewTicker(interval)
+		t := tickerOr(cfg.ServicesInterval, DefaultServicesInterval)
 		defer t.Stop()
 		services = t.C
 	}
@@ -293,11 +289,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if pods != nil {
 		pods.dp = dp
 		pods.reconcile(ctx)
-		interval := cfg.PodInterval
-		if interval == 0 {
-			interval = DefaultPodInterval
-		}
-		t := time.NewTicker(interval)
+		t := tickerOr(cfg.PodInterval, DefaultPodInterval)
 		defer t.Stop()
 		podTick = t.C
 	}
@@ -342,6 +334,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 		}
 	}
+}
+
+// tickerOr ticks every interval, or every def when interval is 0.
+func tickerOr(interval, def time.Duration) *time.Ticker {
+	if interval == 0 {
+		interval = def
+	}
+	return time.NewTicker(interval)
 }
 
 // Down removes socklane from the node. Without force it first detaches

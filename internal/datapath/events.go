@@ -193,11 +193,11 @@ func (d *Datapath) lostEvents() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	lb, err := d.ServiceStats()
+	lb, err := d.LBCounters()
 	if err != nil {
 		return 0, err
 	}
-	return c["events_lost"] + lb.Counters["events_lost"], nil
+	return c["events_lost"] + lb["events_lost"], nil
 }
 
 // Events turns the event stream on and calls fn with each event until ctx

@@ -338,9 +338,9 @@ type LBStats struct {
 	Refused    map[string]uint64 `json:"refused"` // per frontend
 }
 
-// ServiceStats reads the load balancer's counters.
-func (d *Datapath) ServiceStats() (*LBStats, error) {
-	out := &LBStats{Counters: map[string]uint64{}, Refused: map[string]uint64{}}
+// LBCounters sums the load balancer's per-CPU counters. Keys are
+// LBCounterNames.
+func (d *Datapath) LBCounters() (map[string]uint64, error) {
 	names, err := LBCounterNames()
 	if err != nil {
 		return nil, err
@@ -349,13 +349,24 @@ func (d *Datapath) ServiceStats() (*LBStats, error) {
 	if err := d.lb.SlLbStats.Lookup(uint32(0), &perCPU); err != nil {
 		return nil, fmt.Errorf("reading load balancer counters: %w", err)
 	}
+	out := map[string]uint64{}
 	for i, name := range names {
 		for _, p := range perCPU {
 			if name != "" {
-				out.Counters[name] += p.C[i]
+				out[name] += p.C[i]
 			}
 		}
 	}
+	return out, nil
+}
+
+// ServiceStats reads the load balancer's counters.
+func (d *Datapath) ServiceStats() (*LBStats, error) {
+	counters, err := d.LBCounters()
+	if err != nil {
+		return nil, err
+	}
+	out := &LBStats{Counters: counters, Refused: map[string]uint64{}}
 	fronts := map[uint32]service.Frontend{}
 	var k servicelbSlSvcKey
 	var v servicelbSlSvcVal

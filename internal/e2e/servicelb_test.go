@@ -77,13 +77,7 @@ func (lb *lbBed) probe(t *testing.T, from *testbed.Pod, mode, target string, cou
 
 func (lb *lbBed) lbCounters(t *testing.T) map[string]uint64 {
 	t.Helper()
-	var st struct {
-		Counters map[string]uint64 `json:"counters"`
-	}
-	if err := json.Unmarshal([]byte(lb.in.MustRun("svc", "list", "-o", "json")), &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Counters
+	return lbCountersOf(t, lb.in)
 }
 
 const lbServices = `services:
