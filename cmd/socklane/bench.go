@@ -10,12 +10,13 @@ import (
 
 	"github.com/socklane/socklane/internal/bench"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/peer"
 	"github.com/spf13/cobra"
 )
 
 func newBenchCmd(g *globals) *cobra.Command {
 	o := bench.Options{Placements: bench.DefaultPlacements()}
-	var jsonOut, mdOut, svgOut string
+	var jsonOut, mdOut, svgOut, ioMode string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the bypass against the kernel's TCP and AF_UNIX between two pods",
@@ -32,6 +33,11 @@ them and the programming time. Reports medians and ratios.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			mode, err := peer.ParseIO(ioMode)
+			if err != nil {
+				return err
+			}
+			o.IO = mode
 			o.BPFFS = g.bpffs
 			o.Log = g.logger(os.Stderr)
 			o.Progress = os.Stderr
@@ -79,6 +85,7 @@ them and the programming time. Reports medians and ratios.`,
 	f.StringSliceVar(&o.Kinds, "measure", bench.Kinds(), "measurements: latency, throughput, echo, connect, services (kube-proxy iptables rules against socklane's load balancer)")
 	f.IntSliceVar(&o.ServiceCounts, "service-counts", []int{100, 1000, 10000}, "numbers of services for the services measurement")
 	f.Uint32Var(&o.VerdictWindow, "verdict-window", datapath.DefaultVerdictWindow, "the bypass's verdict window in bytes (0: a verdict per send)")
+	f.StringVar(&ioMode, "io", string(peer.IOBlocking), "socket I/O of socklane's own clients and servers: blocking (one system call per operation, as qperf and netperf; what is timed is the kernel's path) or netpoll (Go's net package: epoll and goroutine wake-ups, as event-driven servers)")
 	f.StringSliceVar(&o.Scenarios, "scenarios", bench.Scenarios(), "scenarios: pod-to-pod, loopback, host-to-pod")
 	f.StringSliceVar(&o.Tools, "tools", bench.InstalledTools(), "external tools run pod to pod beside socklane's client: qperf, sockperf, iperf3 (default: those installed; \"\" for none)")
 	f.IntSliceVar(&o.ToolSizes, "tool-sizes", []int{1, 64, 1024, 16384, 65536}, "message sizes for the external tools")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -73,21 +72,24 @@ func newPeerCmd() *cobra.Command {
 	}
 	addCfg(server)
 	addCfg(client)
-	listenCmd := func(use string, serve func(context.Context, net.Listener) error) *cobra.Command {
-		return &cobra.Command{
+	var ioMode string
+	const ioUsage = "socket I/O: blocking (one system call per operation) or netpoll (Go's net package, epoll)"
+	listenCmd := func(use string, serve func(context.Context, string, peer.IO, func(string)) error) *cobra.Command {
+		c := &cobra.Command{
 			Use:  use + " ADDR",
 			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				ctx, stop := ctx()
-				defer stop()
-				ln, err := peer.ListenAddr(args[0])
+				mode, err := peer.ParseIO(ioMode)
 				if err != nil {
 					return err
 				}
-				fmt.Fprintln(os.Stderr, "listening", ln.Addr())
-				return serve(ctx, ln)
+				ctx, stop := ctx()
+				defer stop()
+				return serve(ctx, args[0], mode, func(addr string) { fmt.Fprintln(os.Stderr, "listening", addr) })
 			},
 		}
+		c.Flags().StringVar(&ioMode, "io", string(peer.IONetpoll), ioUsage)
+		return c
 	}
 	echo := listenCmd("echo", peer.Echo)
 	sink := listenCmd("sink", peer.Sink)
@@ -111,16 +113,28 @@ func newPeerCmd() *cobra.Command {
 		c.Flags().IntVar(&count, "count", 10000, "round trips, connections or messages (stream: 0 runs for --duration)")
 		return c
 	}
-	pingpong := clientCmd("pingpong", func(ctx context.Context, addr string) (any, error) {
-		return peer.PingPong(ctx, addr, size, count, warmup)
+	// benchCmd is a benchmark client: its sockets are driven as --io says.
+	benchCmd := func(use string, run func(ctx context.Context, addr string, mode peer.IO) (any, error)) *cobra.Command {
+		c := clientCmd(use, func(ctx context.Context, addr string) (any, error) {
+			mode, err := peer.ParseIO(ioMode)
+			if err != nil {
+				return nil, err
+			}
+			return run(ctx, addr, mode)
+		})
+		c.Flags().StringVar(&ioMode, "io", string(peer.IONetpoll), ioUsage)
+		return c
+	}
+	pingpong := benchCmd("pingpong", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
+		return peer.PingPong(ctx, addr, mode, size, count, warmup)
 	})
 	pingpong.Flags().IntVar(&warmup, "warmup", 100, "round trips before measuring")
-	stream := clientCmd("stream", func(ctx context.Context, addr string) (any, error) {
-		return peer.Stream(ctx, addr, size, duration, count)
+	stream := benchCmd("stream", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
+		return peer.Stream(ctx, addr, mode, size, duration, count)
 	})
 	stream.Flags().DurationVar(&duration, "duration", time.Second, "how long to send when --count is 0")
-	connects := clientCmd("connects", func(ctx context.Context, addr string) (any, error) {
-		return peer.Connects(ctx, addr, size, count)
+	connects := benchCmd("connects", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
+		return peer.Connects(ctx, addr, mode, size, count)
 	})
 	var network, label, mode string
 	whoami := &cobra.Command{

@@ -95,8 +95,10 @@ type Options struct {
 	ServiceCounts []int
 	// VerdictWindow is the datapath's verdict window (see datapath.Config).
 	VerdictWindow uint32
-	Progress      io.Writer // progress line (nil: none)
-	Log           *slog.Logger
+	// IO is how socklane's own clients and servers drive their sockets.
+	IO       peer.IO
+	Progress io.Writer // progress line (nil: none)
+	Log      *slog.Logger
 }
 
 // DefaultPlacements pins both ends to one CPU, then to two.
@@ -146,6 +148,7 @@ type Report struct {
 	Kernel    string            `json:"kernel"`
 	CPUs      int               `json:"cpus"`
 	Reps      int               `json:"reps"`
+	IO        peer.IO           `json:"io"`
 	Scenarios map[string]string `json:"scenarios"`
 	Cases     []*Case           `json:"cases"`
 	Programs  []ProgStat        `json:"programs,omitempty"`
@@ -177,6 +180,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if _, ok := scenarioText[sc]; !ok {
 			return nil, fmt.Errorf("unknown scenario %q: want %v", sc, Scenarios())
 		}
+	}
+	if _, err := peer.ParseIO(string(o.IO)); err != nil {
+		return nil, err
 	}
 	if err := checkTools(o.Tools); err != nil {
 		return nil, err
@@ -218,8 +224,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	pinDir := filepath.Join(o.BPFFS, "socklane-bench-"+strconv.Itoa(os.Getpid()))
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: o.VerdictWindow,
-		// External tools read in blocking mode; socklane's own peers
-		// use epoll and are unaffected.
+		// External tools, and socklane's own peers with --io blocking,
+		// read in blocking mode.
 		BypassBlocking: true})
 	if err != nil {
 		return nil, err
@@ -271,7 +277,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	progBefore := progStats(dp)
 
-	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, Scenarios: map[string]string{}}
+	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, Scenarios: map[string]string{}}
 	for _, sc := range o.Scenarios {
 		rep.Scenarios[sc] = scenarioText[sc]
 	}
@@ -323,7 +329,7 @@ type runner struct {
 }
 
 func (r *runner) startServer(cpu int, kind, listen string) error {
-	return r.startPinned(cpu, kind, r.self, "peer", kind, listen)
+	return r.startPinned(cpu, kind, r.self, "peer", kind, listen, "--io", string(r.o.IO))
 }
 
 // startPinned starts a long-running server in the server pod on cpu.
@@ -482,6 +488,7 @@ func (r *runner) measurePeer(c *Case, path string) (Sample, error) {
 	case Throughput:
 		args = []string{"stream", addr, "--size", strconv.Itoa(c.Size), "--count", "0", "--duration", r.o.Duration.String()}
 	}
+	args = append(args, "--io", string(r.o.IO))
 	out, err := r.run(r.clientPod(c), r.clientCPU(c), append([]string{r.self, "peer"}, args...)...)
 	if err != nil {
 		return Sample{}, err

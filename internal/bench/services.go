@@ -215,7 +215,7 @@ func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 		return s, err
 	}
 	vip := netip.AddrPortFrom(svcVIP(targetService(n)), servicePort).String()
-	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "connects", vip, "--size", "64", "--count", strconv.Itoa(r.o.Connects))
+	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "connects", vip, "--size", "64", "--count", strconv.Itoa(r.o.Connects), "--io", string(r.o.IO))
 	if err != nil {
 		return s, err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/socklane/socklane/internal/bench"
+	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testutil"
 )
 
@@ -86,8 +87,48 @@ func TestBench(t *testing.T) {
 	if len(rep.Programs) == 0 {
 		t.Error("no BPF program statistics in the report")
 	}
+	if rep.IO != peer.IOBlocking {
+		t.Errorf("report says socket I/O %q, want the default %q", rep.IO, peer.IOBlocking)
+	}
 	svg, err := os.ReadFile(svgPath)
 	if err != nil || !strings.HasPrefix(string(svg), "<svg") {
 		t.Errorf("SVG chart missing or malformed: %v", err)
+	}
+}
+
+// TestBenchNetpoll runs socklane's peers through Go's netpoller (the
+// event-driven way) and checks that a bad --io is refused before anything
+// is set up.
+func TestBenchNetpoll(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Binary(t)
+	jsonPath := filepath.Join(t.TempDir(), "bench.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "bench", "--io", "netpoll", "--measure", "latency,connect", "--scenarios", "pod-to-pod",
+		"--sizes", "64", "--reps", "1", "--count", "100", "--connects", "20", "--tools", "", "--json", jsonPath).CombinedOutput()
+	if err != nil {
+		t.Fatalf("socklane bench --io netpoll: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("parsing the JSON report: %v", err)
+	}
+	if rep.IO != peer.IONetpoll || len(rep.Cases) != 4 {
+		t.Fatalf("report: I/O %q, %d cases; want netpoll, 4", rep.IO, len(rep.Cases))
+	}
+	for _, c := range rep.Cases {
+		if s := c.Samples[bench.PathBypass]; len(s) != 1 || s[0].Redirected == 0 {
+			t.Errorf("%s %s: bypass samples %+v, want one that was redirected", c.Kind, c.Placement, s)
+		}
+	}
+
+	out, err = exec.CommandContext(ctx, bin, "bench", "--io", "epoll").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `--io "epoll": want blocking or netpoll`) {
+		t.Errorf("bench --io epoll: %v\n%s", err, out)
 	}
 }

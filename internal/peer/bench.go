@@ -3,12 +3,17 @@ package peer
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Addresses of the benchmark workloads are "IP:port" (TCP) or "unix:PATH"
@@ -20,21 +25,35 @@ func splitAddr(addr string) (network, address string) {
 	return "tcp", addr
 }
 
-// ListenAddr listens on a workload address (a stale unix socket file is
-// replaced).
-func ListenAddr(addr string) (net.Listener, error) {
-	network, a := splitAddr(addr)
-	if network == "unix" {
-		_ = os.Remove(a)
+// IO is how the benchmark peers drive their sockets.
+type IO string
+
+const (
+	// IOBlocking: blocking system calls, one per operation, as qperf and
+	// netperf do. What is timed is the kernel's path.
+	IOBlocking IO = "blocking"
+	// IONetpoll: Go's net package (non-blocking sockets, epoll, goroutine
+	// wake-ups), as event-driven servers do. Each wait adds a failed read,
+	// an epoll_wait and a scheduler pass on both ends.
+	IONetpoll IO = "netpoll"
+)
+
+// ParseIO checks an --io value.
+func ParseIO(s string) (IO, error) {
+	switch IO(s) {
+	case IOBlocking, IONetpoll:
+		return IO(s), nil
 	}
-	ln, err := net.Listen(network, a)
-	if err != nil {
-		return nil, fmt.Errorf("listening on %s: %w", addr, err)
-	}
-	return ln, nil
+	return "", fmt.Errorf("--io %q: want %s or %s", s, IOBlocking, IONetpoll)
 }
 
-// DialAddr connects to a workload address.
+// benchConn is a connection of the benchmark peers.
+type benchConn interface {
+	io.ReadWriteCloser
+	CloseWrite() error
+}
+
+// DialAddr connects to a workload address with Go's net package.
 func DialAddr(ctx context.Context, addr string) (net.Conn, error) {
 	network, a := splitAddr(addr)
 	var d net.Dialer
@@ -45,16 +64,87 @@ func DialAddr(ctx context.Context, addr string) (net.Conn, error) {
 	return c, nil
 }
 
-type closeWriter interface{ CloseWrite() error }
+// dial connects to a workload address driven the given way.
+func dial(ctx context.Context, addr string, mode IO) (benchConn, error) {
+	if mode == IONetpoll {
+		c, err := DialAddr(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		return c.(benchConn), nil
+	}
+	if network, path := splitAddr(addr); network == "unix" {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("creating socket: %w", err)
+		}
+		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+		}
+		return &blockingSock{fd: fd}, nil
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("parsing %q: %w", addr, err)
+	}
+	return dialBlocking(ap)
+}
+
+// serve accepts connections on a workload address until ctx ends. With
+// netpoll each connection gets its own goroutine; blocking serves them one
+// after the other on one thread, as a blocking server's accept loop does
+// (the benchmark's clients connect one at a time).
+func serve(ctx context.Context, addr string, mode IO, ready func(string), handle func(benchConn)) error {
+	if mode == IONetpoll {
+		network, a := splitAddr(addr)
+		if network == "unix" {
+			_ = os.Remove(a)
+		}
+		ln, err := net.Listen(network, a)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", addr, err)
+		}
+		ready(ln.Addr().String())
+		return serveEach(ctx, ln, func(c net.Conn) { handle(c.(benchConn)) })
+	}
+	ln, err := Listen(addr, false)
+	if err != nil {
+		return err
+	}
+	ready(addr)
+	go func() { <-ctx.Done(); ln.Close() }()
+	for {
+		fd, err := ln.Accept(false)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("accepting: %w", err)
+		}
+		s := &blockingSock{fd: fd}
+		handle(s)
+		s.Close()
+	}
+}
+
+// newBufPool hands out the servers' 256 KiB read buffers: allocating one per
+// connection made short connections pay for its zeroing and for the
+// garbage collections it caused.
+func newBufPool() *sync.Pool {
+	return &sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+}
 
 // Sink serves stream clients: it reads each connection to EOF with a large
 // buffer and answers with the byte count (8 bytes, big endian).
-func Sink(ctx context.Context, ln net.Listener) error {
-	return serveEach(ctx, ln, func(c net.Conn) {
-		buf := make([]byte, 256<<10)
+func Sink(ctx context.Context, addr string, mode IO, ready func(string)) error {
+	bufs := newBufPool()
+	return serve(ctx, addr, mode, ready, func(c benchConn) {
+		buf := bufs.Get().(*[]byte)
+		defer bufs.Put(buf)
 		var n uint64
 		for {
-			k, err := c.Read(buf)
+			k, err := c.Read(*buf)
 			n += uint64(k)
 			if err != nil {
 				break
@@ -63,6 +153,28 @@ func Sink(ctx context.Context, ln net.Listener) error {
 		var b [8]byte
 		binary.BigEndian.PutUint64(b[:], n)
 		_, _ = c.Write(b[:])
+	})
+}
+
+// Echo serves ping-pong and short-connection clients: every byte read is
+// written back.
+func Echo(ctx context.Context, addr string, mode IO, ready func(string)) error {
+	bufs := newBufPool()
+	return serve(ctx, addr, mode, ready, func(c benchConn) {
+		b := bufs.Get().(*[]byte)
+		defer bufs.Put(b)
+		buf := *b
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
 	})
 }
 
@@ -77,8 +189,8 @@ type Throughput struct {
 
 // Stream writes size-byte messages to a sink for d (or count messages if
 // count > 0), then half-closes and waits for the sink's byte count.
-func Stream(ctx context.Context, addr string, size int, d time.Duration, count int) (Throughput, error) {
-	c, err := DialAddr(ctx, addr)
+func Stream(ctx context.Context, addr string, mode IO, size int, d time.Duration, count int) (Throughput, error) {
+	c, err := dial(ctx, addr, mode)
 	if err != nil {
 		return Throughput{}, err
 	}
@@ -100,7 +212,7 @@ func Stream(ctx context.Context, addr string, size int, d time.Duration, count i
 		}
 		msgs++
 	}
-	if err := c.(closeWriter).CloseWrite(); err != nil {
+	if err := c.CloseWrite(); err != nil {
 		return Throughput{}, fmt.Errorf("half-closing: %w", err)
 	}
 	var b [8]byte
@@ -117,13 +229,13 @@ func Stream(ctx context.Context, addr string, size int, d time.Duration, count i
 
 // Connects measures short connections against an echo server: connect, one
 // size-byte request and its echo, close; count times.
-func Connects(ctx context.Context, addr string, size, count int) (Latency, error) {
+func Connects(ctx context.Context, addr string, mode IO, size, count int) (Latency, error) {
 	msg := make([]byte, size)
 	reply := make([]byte, size)
 	rtts := make([]time.Duration, 0, count)
 	for i := 0; i < count && ctx.Err() == nil; i++ {
 		start := time.Now()
-		c, err := DialAddr(ctx, addr)
+		c, err := dial(ctx, addr, mode)
 		if err != nil {
 			return Latency{}, err
 		}

@@ -28,24 +28,6 @@ func serveEach(ctx context.Context, ln net.Listener, handle func(net.Conn)) erro
 	}
 }
 
-// Echo serves ping-pong clients on ln: every byte read is written back.
-func Echo(ctx context.Context, ln net.Listener) error {
-	return serveEach(ctx, ln, func(c net.Conn) {
-		buf := make([]byte, 256<<10)
-		for {
-			n, err := c.Read(buf)
-			if n > 0 {
-				if _, werr := c.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	})
-}
-
 // Latency summarizes round trips in microseconds.
 type Latency struct {
 	Size  int     `json:"size"`
@@ -79,8 +61,8 @@ func Summarize(size int, rtts []time.Duration) Latency {
 
 // PingPong sends count messages of size bytes to an echo server over one
 // connection and times each round trip (after warmup unrecorded ones).
-func PingPong(ctx context.Context, addr string, size, count, warmup int) (Latency, error) {
-	c, err := DialAddr(ctx, addr)
+func PingPong(ctx context.Context, addr string, mode IO, size, count, warmup int) (Latency, error) {
+	c, err := dial(ctx, addr, mode)
 	if err != nil {
 		return Latency{}, err
 	}

@@ -192,20 +192,26 @@ type listener struct {
 	closed   atomic.Bool
 }
 
-// Listen opens a listening socket on addr ("ip:port"); an unspecified IPv6
-// address is dual-stack, as Go's net.Listen(":port") and nginx make it.
+// Listen opens a listening socket on addr ("ip:port" or "unix:PATH", a
+// stale socket file being replaced); an unspecified IPv6 address is
+// dual-stack, as Go's net.Listen(":port") and nginx make it.
 func Listen(addr string, nonblock bool) (*listener, error) {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("parsing listen address %q: %w", addr, err)
-	}
-	family := unix.AF_INET6
+	var family int
 	var sa unix.Sockaddr
-	if ap.Addr().Is4() {
-		family = unix.AF_INET
-		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	if network, path := splitAddr(addr); network == "unix" {
+		_ = os.Remove(path)
+		family, sa = unix.AF_UNIX, &unix.SockaddrUnix{Name: path}
 	} else {
+		ap, err := netip.ParseAddrPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("parsing listen address %q: %w", addr, err)
+		}
+		family = unix.AF_INET6
 		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+		if ap.Addr().Is4() {
+			family = unix.AF_INET
+			sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+		}
 	}
 	typ := unix.SOCK_STREAM | unix.SOCK_CLOEXEC
 	if nonblock {
@@ -215,9 +221,11 @@ func Listen(addr string, nonblock bool) (*listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating socket: %w", err)
 	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
-		unix.Close(fd)
-		return nil, err
+	if family != unix.AF_UNIX {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
 	}
 	if family == unix.AF_INET6 {
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
