@@ -18,6 +18,9 @@ type statusReport struct {
 	Attachments []datapath.Attachment `json:"attachments"`
 	Sockets     int                   `json:"bypassed_sockets"`
 	Counters    map[string]uint64     `json:"counters"`
+	// Destinations whose recent connections were brief, per network
+	// namespace: from SL_BRIEF_LEARN in a row, their connections stay on TCP.
+	Brief []datapath.BriefDest `json:"brief_destinations"`
 	// The service load balancer: its counters, the connected sockets it
 	// remembers a backend for, and per service the connections (and
 	// unconnected UDP sends) each backend was chosen for and the
@@ -54,6 +57,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if rep.Counters, err = dp.Counters(); err != nil {
 				return err
 			}
+			if rep.Brief, err = dp.BriefDests(); err != nil {
+				return err
+			}
 			var lb *datapath.LBStats
 			if rep.Services, lb, err = serviceViews(dp, g.name, ""); err != nil {
 				return err
@@ -78,6 +84,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 			slices.Sort(keys)
 			for _, k := range keys {
 				fmt.Fprintf(w, "%s\t%d\n", k, rep.Counters[k])
+			}
+			for _, b := range rep.Brief {
+				fmt.Fprintf(w, "brief destination\t%s\tnetns %d\tin a row %d\tskipped %d\n", b.Dest, b.NetNS, b.InARow, b.Skipped)
 			}
 			fmt.Fprintf(w, "lb tracked sockets\t%d\n", rep.TrackedSockets)
 			keys = keys[:0]

@@ -35,6 +35,9 @@ type Config struct {
 	// BlockingSockets is what happens to connections with an end in
 	// blocking mode: "tcp" (default) or "bypass".
 	BlockingSockets string
+	// BriefConnections is what happens to connections to a destination
+	// whose recent connections were brief: "tcp" (default) or "bypass".
+	BriefConnections string
 	// VerdictWindow: see datapath.Config.
 	VerdictWindow uint32
 	// ServicesFile, if set, is a YAML service file the agent applies at
@@ -73,6 +76,11 @@ func (c Config) Validate() error {
 	case "", "tcp", "bypass":
 	default:
 		return fmt.Errorf("--blocking-sockets %q: want tcp or bypass", c.BlockingSockets)
+	}
+	switch c.BriefConnections {
+	case "", "tcp", "bypass":
+	default:
+		return fmt.Errorf("--brief-connections %q: want tcp or bypass", c.BriefConnections)
 	}
 	if c.VerdictWindow > datapath.MaxVerdictWindow {
 		return fmt.Errorf("--verdict-window %d: want at most %d bytes (0 runs a verdict per send)", c.VerdictWindow, datapath.MaxVerdictWindow)
@@ -189,7 +197,7 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
 		return nil, err
 	}
-	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), BacklogLimit: cfg.BacklogLimit, BypassBlocking: cfg.BlockingSockets == "bypass", VerdictWindow: cfg.VerdictWindow})
+	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), BacklogLimit: cfg.BacklogLimit, BypassBlocking: cfg.BlockingSockets == "bypass", BypassBrief: cfg.BriefConnections == "bypass", VerdictWindow: cfg.VerdictWindow})
 	if err != nil {
 		return nil, err
 	}

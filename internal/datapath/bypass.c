@@ -57,8 +57,19 @@ const volatile __u32 blocking_tcp = 1;
  * next verdict_window bytes (bpf_msg_apply_bytes): the kernel then moves
  * them without running sl_msg, which is most of a small send's cost. The
  * program runs again once the window is used up, so every decision (backlog,
- * fallback) is at most one window late. 0: a verdict per send. */
+ * fallback) is at most one window late. A direction's first send never
+ * opens one: its verdict count is exact up to there, which is what tells a
+ * brief connection. 0: a verdict per send. */
 const volatile __u32 verdict_window = 4096;
+
+/* Brief connections (one request, one reply, close) gain nothing from the
+ * bypass and pay for joining it: two psocks and their map entries set up
+ * and torn down, tens of microseconds on a connection that costs a hundred
+ * or two. So do connections to a remote or unmanaged server, whose client
+ * joins and leaves alone. 1: learn, per client network namespace and
+ * destination, which connections these are and leave them on TCP (see
+ * SL_BRIEF_* in sl_consts.h). 0: every connection joins. */
+const volatile __u32 brief_learn = 1;
 
 /* Kernel types read through BTF (CO-RE); only the fields used. */
 struct file {
@@ -408,6 +419,64 @@ static __always_inline void set_member_sock(struct bpf_sock *bsk, __u32 slot, __
 	}
 }
 
+static __always_inline void dest_of(struct sl_dest *d, const struct sl_tuple *t, __u64 netns)
+{
+	__builtin_memset(d, 0, sizeof(*d));
+	d->ip[0] = t->remote_ip[0];
+	d->ip[1] = t->remote_ip[1];
+	d->ip[2] = t->remote_ip[2];
+	d->ip[3] = t->remote_ip[3];
+	d->port = t->remote_port;
+	d->netns = netns;
+}
+
+/* Whether a new client connection to t's destination stays on TCP: the
+ * destination's last SL_BRIEF_LEARN connections from this namespace were
+ * brief, or found no managed server. Every SL_BRIEF_PROBE-th still joins,
+ * so that a destination that changed is seen again. Returns the counter to
+ * charge, or 0 to join. */
+static __always_inline __u32 brief_skip(const struct sl_tuple *t, __u64 netns)
+{
+	struct sl_dest d;
+	dest_of(&d, t, netns);
+	struct sl_dest_stat *s = bpf_map_lookup_elem(&sl_brief, &d);
+	if (!s || s->brief < SL_BRIEF_LEARN)
+		return 0;
+	if (__sync_fetch_and_add(&s->skipped, 1) % SL_BRIEF_PROBE == SL_BRIEF_PROBE - 1)
+		return 0;
+	return s->remote ? SL_C_FALLBACK_NO_PEER : SL_C_FALLBACK_BRIEF;
+}
+
+/* Learns from a client closing what joining its connection was worth.
+ * Nothing, when the connection was bypassed and brief (at most one send
+ * each way: a direction's first send never opens a verdict window, so msgs
+ * counts sends up to there), or when no managed server ever joined (a
+ * remote or unmanaged peer). A bypassed connection that was not brief
+ * resets what its destination learned. */
+static __always_inline void brief_note(const struct sl_conn *c, __u32 state)
+{
+	struct sl_dest d;
+	dest_of(&d, &c->client, c->client_netns);
+	__u32 remote = state != SL_CONN_BYPASS && !c->server_netns;
+	int brief = state == SL_CONN_BYPASS && c->msgs[0] <= 1 && c->msgs[1] <= 1 &&
+		    c->bytes[0] <= SL_BRIEF_MAX_BYTES && c->bytes[1] <= SL_BRIEF_MAX_BYTES && !c->tcp_msgs[0] &&
+		    !c->tcp_msgs[1];
+	struct sl_dest_stat *s = bpf_map_lookup_elem(&sl_brief, &d);
+	if (!brief && !remote) {
+		if (s && state == SL_CONN_BYPASS)
+			bpf_map_delete_elem(&sl_brief, &d);
+		return;
+	}
+	if (!s) {
+		struct sl_dest_stat n = {.brief = 1, .remote = remote};
+		bpf_map_update_elem(&sl_brief, &d, &n, BPF_NOEXIST);
+		return;
+	}
+	s->remote = remote;
+	if (s->brief < SL_BRIEF_LEARN)
+		__sync_fetch_and_add(&s->brief, 1);
+}
+
 static __always_inline void on_active(struct bpf_sock_ops *skops)
 {
 	struct sl_tuple t;
@@ -415,6 +484,12 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	if (!sk || tuple_of(skops, &t) < 0)
 		return;
 	count(SL_C_ESTABLISHED_ACTIVE, 1);
+	__u64 netns = bpf_get_netns_cookie(skops);
+	__u32 skip = brief_learn ? brief_skip(&t, netns) : 0;
+	if (skip) {
+		count(skip, 1);
+		return;
+	}
 
 	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st) {
@@ -454,7 +529,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->checked = 0;
 	st->win_left = 0;
 	c->server_netns = 0;
-	c->client_netns = bpf_get_netns_cookie(skops);
+	c->client_netns = netns;
 	conn_event(c, SL_EV_ESTABLISHED, 0, 0, SL_ROLE_CLIENT);
 
 	/* The client must be in the map before it is findable: the server
@@ -626,6 +701,8 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 				bpf_map_delete_elem(&sl_conn_index, &c->client);
 		}
 		if (word_gen(c->word) == st->gen) {
+			if (brief_learn && st->role == SL_ROLE_CLIENT)
+				brief_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
 			struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &st->slot);
 			if (socks && st->role == SL_ROLE_CLIENT)
@@ -956,7 +1033,7 @@ int sl_msg(struct sk_msg_md *msg)
 				 * that every send is seen. */
 				struct sl_capture_cfg *cap = capture_of(c);
 				__u64 window = 0;
-				if (!cap && verdict_window && len < verdict_window &&
+				if (!cap && verdict_window && len < verdict_window && c->msgs[dir] &&
 				    !bpf_msg_apply_bytes(msg, verdict_window)) {
 					st->win_left = verdict_window - len;
 					window = 1;

@@ -97,12 +97,30 @@ const (
 	bypassSlCounterSL_C_CAPTURED                bypassSlCounter = 21
 	bypassSlCounterSL_C_CAPTURE_LOST            bypassSlCounter = 22
 	bypassSlCounterSL_C_CAPTURE_RATE_DROPS      bypassSlCounter = 23
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 24
+	bypassSlCounterSL_C_FALLBACK_BRIEF          bypassSlCounter = 24
+	bypassSlCounterSL_C_FALLBACK_NO_PEER        bypassSlCounter = 25
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 26
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [24]uint64
+	C [26]uint64
+}
+
+type bypassSlDest struct {
+	_     structs.HostLayout
+	Ip    [4]uint32
+	Netns uint64
+	Port  uint32
+	Pad   uint32
+}
+
+type bypassSlDestStat struct {
+	_       structs.HostLayout
+	Brief   uint32
+	Skipped uint32
+	Remote  uint32
+	Pad     uint32
 }
 
 type bypassSlEvent struct {
@@ -195,6 +213,7 @@ type bypassSlTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bypassMapSlBrief       = "sl_brief"
 	bypassMapSlCapSettings = "sl_cap_settings"
 	bypassMapSlCapTokens   = "sl_cap_tokens"
 	bypassMapSlCapture     = "sl_capture"
@@ -213,6 +232,7 @@ const (
 	bypassProgSlSockops    = "sl_sockops"
 	bypassVarBacklogLimit  = "backlog_limit"
 	bypassVarBlockingTcp   = "blocking_tcp"
+	bypassVarBriefLearn    = "brief_learn"
 	bypassVarSlEnumsUnused = "sl_enums_unused"
 	bypassVarVerdictWindow = "verdict_window"
 )
@@ -268,6 +288,7 @@ type bypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
+	SlBrief       *ebpf.MapSpec `ebpf:"sl_brief"`
 	SlCapSettings *ebpf.MapSpec `ebpf:"sl_cap_settings"`
 	SlCapTokens   *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
 	SlCapture     *ebpf.MapSpec `ebpf:"sl_capture"`
@@ -289,6 +310,7 @@ type bypassMapSpecs struct {
 type bypassVariableSpecs struct {
 	BacklogLimit  *ebpf.VariableSpec `ebpf:"backlog_limit"`
 	BlockingTcp   *ebpf.VariableSpec `ebpf:"blocking_tcp"`
+	BriefLearn    *ebpf.VariableSpec `ebpf:"brief_learn"`
 	SlEnumsUnused *ebpf.VariableSpec `ebpf:"sl_enums_unused"`
 	VerdictWindow *ebpf.VariableSpec `ebpf:"verdict_window"`
 }
@@ -313,6 +335,7 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
+	SlBrief       *ebpf.Map `ebpf:"sl_brief"`
 	SlCapSettings *ebpf.Map `ebpf:"sl_cap_settings"`
 	SlCapTokens   *ebpf.Map `ebpf:"sl_cap_tokens"`
 	SlCapture     *ebpf.Map `ebpf:"sl_capture"`
@@ -330,6 +353,7 @@ type bypassMaps struct {
 
 func (m *bypassMaps) Close() error {
 	return _BypassClose(
+		m.SlBrief,
 		m.SlCapSettings,
 		m.SlCapTokens,
 		m.SlCapture,
@@ -352,6 +376,7 @@ func (m *bypassMaps) Close() error {
 type bypassVariables struct {
 	BacklogLimit  *ebpf.Variable `ebpf:"backlog_limit"`
 	BlockingTcp   *ebpf.Variable `ebpf:"blocking_tcp"`
+	BriefLearn    *ebpf.Variable `ebpf:"brief_learn"`
 	SlEnumsUnused *ebpf.Variable `ebpf:"sl_enums_unused"`
 	VerdictWindow *ebpf.Variable `ebpf:"verdict_window"`
 }

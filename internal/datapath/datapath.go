@@ -35,9 +35,15 @@ type Config struct {
 	// Off by default: the kernel's sockmap receive path turns a blocking
 	// read interrupted by a signal into EAGAIN, which plain TCP never does.
 	BypassBlocking bool
+	// BypassBrief bypasses every connection. Off by default: connections
+	// to a destination whose recent connections from the same network
+	// namespace were brief (one send each way, then close) stay on TCP,
+	// where they are cheaper; one in SL_BRIEF_PROBE still joins.
+	BypassBrief bool
 	// VerdictWindow: a send smaller than this many bytes redirects under
 	// one verdict for the next VerdictWindow bytes, which the kernel then
-	// moves without running sl_msg. 0 runs a verdict per send.
+	// moves without running sl_msg (from a direction's second send on).
+	// 0 runs a verdict per send.
 	VerdictWindow uint32
 }
 
@@ -101,6 +107,13 @@ func loadSpec(cfg Config) (*ebpf.CollectionSpec, error) {
 	}
 	if err := spec.Variables["blocking_tcp"].Set(blockingTCP); err != nil {
 		return nil, fmt.Errorf("setting blocking_tcp: %w", err)
+	}
+	briefLearn := uint32(1)
+	if cfg.BypassBrief {
+		briefLearn = 0
+	}
+	if err := spec.Variables["brief_learn"].Set(briefLearn); err != nil {
+		return nil, fmt.Errorf("setting brief_learn: %w", err)
 	}
 	if cfg.VerdictWindow > MaxVerdictWindow {
 		return nil, fmt.Errorf("verdict window %d bytes is over the maximum of %d", cfg.VerdictWindow, MaxVerdictWindow)
@@ -263,7 +276,34 @@ func (d *Datapath) Attach(path string, cgroupID uint64) (*Attachment, error) {
 		}
 		made = append(made, pin)
 	}
+	if len(made) > 0 {
+		// The cgroup may hold servers that connections were learned
+		// to find none of: learn again.
+		if err := d.forgetDests(); err != nil {
+			return nil, err
+		}
+	}
 	return a, nil
+}
+
+// forgetDests empties what the datapath learned of destinations.
+func (d *Datapath) forgetDests() error {
+	var k bypassSlDest
+	var keys []bypassSlDest
+	it := d.objs.SlBrief.Iterate()
+	var v bypassSlDestStat
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading sl_brief: %w", err)
+	}
+	for _, k := range keys {
+		if err := d.objs.SlBrief.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forgetting learned destinations: %w", err)
+		}
+	}
+	return nil
 }
 
 // Detach removes this datapath's attachments from one cgroup. Only

@@ -362,6 +362,11 @@ int sl_getpeername6(struct bpf_sock_addr *ctx) { return untranslate(ctx, 1, SL_L
 SEC("cgroup/sock_release")
 int sl_sock_release(struct bpf_sock *sk)
 {
+	/* Only a translated socket has load balancer storage (remember()
+	 * runs before track()): every other socket leaves at one lookup in
+	 * its own storage instead of a delete in the shared LRU. */
+	if (!bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0))
+		return 1;
 	__u64 cookie = bpf_get_socket_cookie(sk);
 	bpf_map_delete_elem(&sl_lb_conns, &cookie);
 	return 1;

@@ -36,6 +36,8 @@ enum sl_counter {
 	SL_C_CAPTURED,                /* bypassed messages captured */
 	SL_C_CAPTURE_LOST,            /* messages not captured: the capture ring was full */
 	SL_C_CAPTURE_RATE_DROPS,      /* messages not captured: over the capture rate limit */
+	SL_C_FALLBACK_BRIEF,          /* connections left on TCP: their destination's are brief */
+	SL_C_FALLBACK_NO_PEER,        /* connections left on TCP: their destination's found no managed server */
 	SL_C_MAX,
 };
 
@@ -62,6 +64,16 @@ enum sl_role {
 	SL_ROLE_CLIENT = 0,
 	SL_ROLE_SERVER = 1,
 };
+
+/* Connections not worth joining the bypass: brief ones (at most one send
+ * each way, of at most SL_BRIEF_MAX_BYTES) and those whose server never
+ * joined. SL_BRIEF_LEARN of them in a row to one destination (from one
+ * network namespace) leave its next connections on TCP, all but one in
+ * SL_BRIEF_PROBE, which still joins to keep learning. */
+#define SL_BRIEF_MAX_BYTES 16384
+#define SL_BRIEF_LEARN 4
+#define SL_BRIEF_PROBE 16
+#define SL_MAX_BRIEF 65536 /* destinations remembered (LRU) */
 
 #define SL_NO_SLOT 0xffffffffu
 #define SL_MAX_LISTENERS 16384

@@ -66,6 +66,14 @@ struct {
 	__type(value, struct sl_listener_val);
 } sl_listeners SEC(".maps");
 
+/* Destinations whose recent connections were brief (see sl_consts.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SL_MAX_BRIEF);
+	__type(key, struct sl_dest);
+	__type(value, struct sl_dest_stat);
+} sl_brief SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);

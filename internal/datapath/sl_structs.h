@@ -23,6 +23,23 @@ struct sl_tuple {
 	__u32 pad;
 };
 
+/* A destination as one network namespace's clients see it: the remote
+ * address (IPv6 or IPv4-mapped, network order) and port (host order). */
+struct sl_dest {
+	__u32 ip[4];
+	__u64 netns;
+	__u32 port;
+	__u32 pad;
+};
+
+/* What the datapath learned of a destination's connections. */
+struct sl_dest_stat {
+	__u32 brief;   /* connections in a row not worth joining (saturates at SL_BRIEF_LEARN) */
+	__u32 skipped; /* connections left on TCP since (every SL_BRIEF_PROBE-th joins) */
+	__u32 remote;  /* the last of them found no managed server (else: it was brief) */
+	__u32 pad;
+};
+
 /* Where a client's connection lives in sl_conns. */
 struct sl_conn_ref {
 	__u32 slot;

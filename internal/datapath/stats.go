@@ -198,3 +198,34 @@ func (d *Datapath) Programs() []*ebpf.Program {
 	}
 	return out
 }
+
+// BriefDest is a destination whose connections from one network namespace
+// were not worth joining the bypass: brief (one send each way, then close)
+// or with no managed server (remote, or not attached).
+type BriefDest struct {
+	Dest  netip.AddrPort `json:"dest"`
+	NetNS uint64         `json:"netns"`
+	// InARow counts such connections in a row; from SL_BRIEF_LEARN on,
+	// new connections to Dest from NetNS stay on TCP.
+	InARow  uint32 `json:"in_a_row"`
+	Skipped uint32 `json:"skipped"` // connections left on TCP since
+	NoPeer  bool   `json:"no_peer"` // the last one found no managed server
+}
+
+// BriefDests reads what the datapath learned of brief connections.
+func (d *Datapath) BriefDests() ([]BriefDest, error) {
+	var out []BriefDest
+	var k bypassSlDest
+	var v bypassSlDestStat
+	it := d.objs.SlBrief.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, BriefDest{
+			Dest:  netip.AddrPortFrom(addrOf(k.Ip), uint16(k.Port)),
+			NetNS: k.Netns, InARow: v.Brief, Skipped: v.Skipped, NoPeer: v.Remote != 0,
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading sl_brief: %w", err)
+	}
+	return out, nil
+}

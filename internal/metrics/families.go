@@ -28,7 +28,7 @@ var (
 	famWindows     = family{"redirect_windows_total", "Redirect verdicts that also covered the next verdict-window bytes.", prometheus.CounterValue, nil}
 	famPassMsgs    = family{"passed_messages_total", "Messages of managed sockets left to TCP.", prometheus.CounterValue, nil}
 	famPassBytes   = family{"passed_bytes_total", "Bytes of managed sockets left to TCP.", prometheus.CounterValue, nil}
-	famFallbacks   = family{"fallbacks_total", "Connection directions moved to (or kept on) TCP, by reason.", prometheus.CounterValue, []string{"reason"}}
+	famFallbacks   = family{"fallbacks_total", "Connection directions moved to (or kept on) TCP, by reason; brief and no_peer count whole connections left on TCP without joining, from what was learned of their destination (its recent connections were brief, or found no managed server).", prometheus.CounterValue, []string{"reason"}}
 	famEvictions   = family{"socket_evictions_total", "Sockets removed from the bypass map because of their peer.", prometheus.CounterValue, nil}
 	famClosed      = family{"sockets_closed_total", "Managed sockets closed.", prometheus.CounterValue, nil}
 	famDPErrors    = family{"datapath_errors_total", "Datapath errors, by kind.", prometheus.CounterValue, []string{"error"}}
@@ -79,6 +79,8 @@ var bypassCounters = map[string]counterRef{
 	"fallback_backlog":        {famFallbacks, "backlog"},
 	"fallback_peer_gone":      {famFallbacks, "peer_gone"},
 	"fallback_blocking":       {famFallbacks, "blocking"},
+	"fallback_brief":          {famFallbacks, "brief"},
+	"fallback_no_peer":        {famFallbacks, "no_peer"},
 	"evictions":               {famEvictions, ""},
 	"closed":                  {famClosed, ""},
 	"err_sockhash":            {famDPErrors, "sockhash"},

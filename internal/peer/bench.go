@@ -82,13 +82,18 @@ func dial(ctx context.Context, addr string, mode IO) (benchConn, error) {
 			unix.Close(fd)
 			return nil, fmt.Errorf("connecting to %s: %w", addr, err)
 		}
-		return &blockingSock{fd: fd}, nil
+		return &blockingSock{fd: fd, retryAgain: true}, nil
 	}
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("parsing %q: %w", addr, err)
 	}
-	return dialBlocking(ap)
+	s, err := dialBlocking(ap)
+	if err != nil {
+		return nil, err
+	}
+	s.retryAgain = true
+	return s, nil
 }
 
 // serve accepts connections on a workload address until ctx ends. With
@@ -122,7 +127,7 @@ func serve(ctx context.Context, addr string, mode IO, ready func(string), handle
 			}
 			return fmt.Errorf("accepting: %w", err)
 		}
-		s := &blockingSock{fd: fd}
+		s := &blockingSock{fd: fd, retryAgain: true}
 		handle(s)
 		s.Close()
 	}

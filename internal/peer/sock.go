@@ -31,12 +31,18 @@ type sock interface {
 }
 
 // blockingSock drives a file descriptor in blocking mode.
-type blockingSock struct{ fd int }
+type blockingSock struct {
+	fd int
+	// retryAgain reads again after EAGAIN, which the kernel's sockmap
+	// receive path returns to a blocking read that a signal interrupted
+	// (the benchmark peers; the integrity peers report it).
+	retryAgain bool
+}
 
 func (s *blockingSock) Read(p []byte) (int, error) {
 	for {
 		n, err := unix.Read(s.fd, p)
-		if err == unix.EINTR {
+		if err == unix.EINTR || (err == unix.EAGAIN && s.retryAgain) {
 			continue
 		}
 		if err != nil {
