@@ -184,12 +184,23 @@ func TestDeploy(t *testing.T) {
 		{"", "services", "create", false}, {"", "services", "delete", false}, {"", "secrets", "get", false},
 		{"", "pods", "list", false}, {"", "nodes", "list", false}, {"discovery.k8s.io", "endpointslices", "update", false},
 	} {
-		r, err := api.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
-			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system"},
-			ResourceAttributes: &authv1.ResourceAttributes{Group: tc.group, Resource: tc.resource, Verb: tc.verb},
-		}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
+		review := func() *authv1.SubjectAccessReview {
+			r, err := api.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
+				User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system"},
+				ResourceAttributes: &authv1.ResourceAttributes{Group: tc.group, Resource: tc.resource, Verb: tc.verb},
+			}}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		// The authorizer sees new RBAC objects through its informers, a
+		// moment after they are created: the grants (listed first) are
+		// waited for, the refusals are then checked against a synced cache.
+		r := review()
+		for deadline := time.Now().Add(10 * time.Second); tc.allowed && !r.Status.Allowed && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			r = review()
 		}
 		if r.Status.Allowed != tc.allowed {
 			t.Errorf("%s %s/%s: allowed %v, want %v", tc.verb, tc.group, tc.resource, r.Status.Allowed, tc.allowed)
