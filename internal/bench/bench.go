@@ -96,9 +96,12 @@ type Options struct {
 	// VerdictWindow is the datapath's verdict window (see datapath.Config).
 	VerdictWindow uint32
 	// IO is how socklane's own clients and servers drive their sockets.
-	IO       peer.IO
-	Progress io.Writer // progress line (nil: none)
-	Log      *slog.Logger
+	IO peer.IO
+	// BypassBrief joins every connection to the bypass, brief ones too
+	// (see datapath.Config).
+	BypassBrief bool
+	Progress    io.Writer // progress line (nil: none)
+	Log         *slog.Logger
 }
 
 // DefaultPlacements pins both ends to one CPU, then to two.
@@ -144,14 +147,16 @@ type ProgStat struct {
 
 // Report is the whole result.
 type Report struct {
-	Started   time.Time         `json:"started"`
-	Kernel    string            `json:"kernel"`
-	CPUs      int               `json:"cpus"`
-	Reps      int               `json:"reps"`
-	IO        peer.IO           `json:"io"`
-	Scenarios map[string]string `json:"scenarios"`
-	Cases     []*Case           `json:"cases"`
-	Programs  []ProgStat        `json:"programs,omitempty"`
+	Started time.Time `json:"started"`
+	Kernel  string    `json:"kernel"`
+	CPUs    int       `json:"cpus"`
+	Reps    int       `json:"reps"`
+	IO      peer.IO   `json:"io"`
+	// BypassBrief: brief connections joined the bypass (--bypass-brief).
+	BypassBrief bool              `json:"bypass_brief,omitempty"`
+	Scenarios   map[string]string `json:"scenarios"`
+	Cases       []*Case           `json:"cases"`
+	Programs    []ProgStat        `json:"programs,omitempty"`
 }
 
 // Run sets up two pods, runs every case and returns the report.
@@ -226,7 +231,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: o.VerdictWindow,
 		// External tools, and socklane's own peers with --io blocking,
 		// read in blocking mode.
-		BypassBlocking: true})
+		BypassBlocking: true, BypassBrief: o.BypassBrief})
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +282,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	progBefore := progStats(dp)
 
-	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, Scenarios: map[string]string{}}
+	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief, Scenarios: map[string]string{}}
 	for _, sc := range o.Scenarios {
 		rep.Scenarios[sc] = scenarioText[sc]
 	}

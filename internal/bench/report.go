@@ -39,6 +39,9 @@ func ratio(a, b float64) string {
 // Markdown writes the report's tables.
 func (r *Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Kernel %s, %d CPUs; medians of %d interleaved repetitions of every path a table compares; socklane's own peers use %s socket I/O.\n", r.Kernel, r.CPUs, r.Reps, r.IO)
+	if r.BypassBrief {
+		fmt.Fprintln(w, "Every connection joined the bypass, brief ones too (--bypass-brief).")
+	}
 	for _, sc := range Scenarios() {
 		if d, ok := r.Scenarios[sc]; ok && slices.ContainsFunc(r.Cases, func(c *Case) bool { return c.Scenario == sc }) {
 			fmt.Fprintf(w, "Scenario %s: %s.\n", sc, d)

@@ -15,6 +15,20 @@ import (
 	"github.com/socklane/socklane/internal/testutil"
 )
 
+// readReport reads a JSON report bench wrote.
+func readReport(t *testing.T, path string) bench.Report {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("parsing the JSON report: %v", err)
+	}
+	return rep
+}
+
 // TestBench runs `socklane bench` at a tiny size: every measurement and
 // placement runs, the JSON parses, and the datapath's counters show that
 // the bypass runs were redirected and the others were not. No speed is
@@ -40,14 +54,7 @@ func TestBench(t *testing.T) {
 	if !strings.Contains(string(out), "| bypass / TCP |") || !strings.Contains(string(out), "iptables-restore ms") {
 		t.Errorf("no Markdown table in the output:\n%s", out)
 	}
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep bench.Report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("parsing the JSON report: %v", err)
-	}
+	rep := readReport(t, jsonPath)
 	// socklane's client: 2 sizes x (latency + throughput) + echo + connect,
 	// in 3 scenarios, on 2 placements. Tools, pod to pod at one size on 2
 	// placements: qperf and sockperf latency + throughput, iperf3 throughput.
@@ -97,7 +104,7 @@ func TestBench(t *testing.T) {
 }
 
 // TestBenchNetpoll runs socklane's peers through Go's netpoller (the
-// event-driven way) and checks that a bad --io is refused before anything
+// event-driven way), with every connection joining the bypass, and checks that a bad --io is refused before anything
 // is set up.
 func TestBenchNetpoll(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -105,21 +112,14 @@ func TestBenchNetpoll(t *testing.T) {
 	jsonPath := filepath.Join(t.TempDir(), "bench.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "bench", "--io", "netpoll", "--measure", "latency,connect", "--scenarios", "pod-to-pod",
+	out, err := exec.CommandContext(ctx, bin, "bench", "--io", "netpoll", "--bypass-brief", "--measure", "latency,connect", "--scenarios", "pod-to-pod",
 		"--sizes", "64", "--reps", "1", "--count", "100", "--connects", "20", "--tools", "", "--json", jsonPath).CombinedOutput()
 	if err != nil {
 		t.Fatalf("socklane bench --io netpoll: %v\n%s", err, out)
 	}
-	b, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep bench.Report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("parsing the JSON report: %v", err)
-	}
-	if rep.IO != peer.IONetpoll || len(rep.Cases) != 4 {
-		t.Fatalf("report: I/O %q, %d cases; want netpoll, 4", rep.IO, len(rep.Cases))
+	rep := readReport(t, jsonPath)
+	if rep.IO != peer.IONetpoll || !rep.BypassBrief || len(rep.Cases) != 4 {
+		t.Fatalf("report: I/O %q, bypass brief %v, %d cases; want netpoll, true, 4", rep.IO, rep.BypassBrief, len(rep.Cases))
 	}
 	for _, c := range rep.Cases {
 		if s := c.Samples[bench.PathBypass]; len(s) != 1 || s[0].Redirected == 0 {

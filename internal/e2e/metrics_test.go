@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -13,16 +12,6 @@ import (
 
 	"github.com/socklane/socklane/internal/testutil"
 )
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 func httpGet(url string) (int, string, error) {
 	c := http.Client{Timeout: 5 * time.Second}
@@ -42,7 +31,7 @@ func TestAgentMetrics(t *testing.T) {
 	b := testutil.Bed(t)
 	in := testutil.NewInstance(t)
 	client, server := testutil.Pod(t, b, "client"), testutil.Pod(t, b, "server")
-	addr := freePort(t)
+	addr := testutil.FreeAddr(t)
 	var logs lockedBuffer
 	// Verdict window 0: every send is counted at its own verdict, so the
 	// byte counter is exact rather than up to one window behind.

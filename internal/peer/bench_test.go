@@ -2,22 +2,12 @@ package peer
 
 import (
 	"context"
-	"net"
 	"path/filepath"
 	"testing"
 	"time"
-)
 
-// freePort finds a free TCP port on loopback.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+	"github.com/socklane/socklane/internal/testutil"
+)
 
 // TestBenchPeers runs the benchmark's servers and clients against each
 // other over TCP and AF_UNIX, with both kinds of socket I/O: every round
@@ -30,7 +20,7 @@ func TestBenchPeers(t *testing.T) {
 					if network == "unix" {
 						return "unix:" + filepath.Join(t.TempDir(), name+".sock")
 					}
-					return freePort(t)
+					return testutil.FreeAddr(t)
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -244,4 +245,16 @@ func ParseMetrics(text string) (map[string]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// FreeAddr returns a loopback address ("127.0.0.1:port") whose port was
+// free a moment ago.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
