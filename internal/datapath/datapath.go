@@ -288,15 +288,9 @@ func (d *Datapath) Attach(path string, cgroupID uint64) (*Attachment, error) {
 
 // forgetDests empties what the datapath learned of destinations.
 func (d *Datapath) forgetDests() error {
-	var k bypassSlDest
 	var keys []bypassSlDest
-	it := d.objs.SlBrief.Iterate()
-	var v bypassSlDestStat
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading sl_brief: %w", err)
+	if err := d.eachDest(func(k bypassSlDest, _ bypassSlDestStat) { keys = append(keys, k) }); err != nil {
+		return err
 	}
 	for _, k := range keys {
 		if err := d.objs.SlBrief.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {

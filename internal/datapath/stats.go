@@ -215,17 +215,25 @@ type BriefDest struct {
 // BriefDests reads what the datapath learned of brief connections.
 func (d *Datapath) BriefDests() ([]BriefDest, error) {
 	var out []BriefDest
-	var k bypassSlDest
-	var v bypassSlDestStat
-	it := d.objs.SlBrief.Iterate()
-	for it.Next(&k, &v) {
+	err := d.eachDest(func(k bypassSlDest, v bypassSlDestStat) {
 		out = append(out, BriefDest{
 			Dest:  netip.AddrPortFrom(addrOf(k.Ip), uint16(k.Port)),
 			NetNS: k.Netns, InARow: v.Brief, Skipped: v.Skipped, NoPeer: v.Remote != 0,
 		})
+	})
+	return out, err
+}
+
+// eachDest calls fn for every entry of sl_brief.
+func (d *Datapath) eachDest(fn func(bypassSlDest, bypassSlDestStat)) error {
+	var k bypassSlDest
+	var v bypassSlDestStat
+	it := d.objs.SlBrief.Iterate()
+	for it.Next(&k, &v) {
+		fn(k, v)
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading sl_brief: %w", err)
+		return fmt.Errorf("reading sl_brief: %w", err)
 	}
-	return out, nil
+	return nil
 }

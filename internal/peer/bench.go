@@ -73,22 +73,17 @@ func dial(ctx context.Context, addr string, mode IO) (benchConn, error) {
 		}
 		return c.(benchConn), nil
 	}
+	var s *blockingSock
+	var err error
 	if network, path := splitAddr(addr); network == "unix" {
-		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("creating socket: %w", err)
+		s, err = connectBlocking(unix.AF_UNIX, &unix.SockaddrUnix{Name: path}, addr)
+	} else {
+		var ap netip.AddrPort
+		if ap, err = netip.ParseAddrPort(addr); err != nil {
+			return nil, fmt.Errorf("parsing %q: %w", addr, err)
 		}
-		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
-			unix.Close(fd)
-			return nil, fmt.Errorf("connecting to %s: %w", addr, err)
-		}
-		return &blockingSock{fd: fd, retryAgain: true}, nil
+		s, err = dialBlocking(ap)
 	}
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("parsing %q: %w", addr, err)
-	}
-	s, err := dialBlocking(ap)
 	if err != nil {
 		return nil, err
 	}

@@ -165,14 +165,14 @@ func (s *pollSock) Close() error { return s.c.Close() }
 
 // dialBlocking connects a blocking socket to addr.
 func dialBlocking(addr netip.AddrPort) (*blockingSock, error) {
-	family := unix.AF_INET6
-	var sa unix.Sockaddr
 	if addr.Addr().Is4() {
-		family = unix.AF_INET
-		sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
-	} else {
-		sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}
+		return connectBlocking(unix.AF_INET, &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}, addr.String())
 	}
+	return connectBlocking(unix.AF_INET6, &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}, addr.String())
+}
+
+// connectBlocking connects a blocking stream socket of family to sa.
+func connectBlocking(family int, sa unix.Sockaddr, addr string) (*blockingSock, error) {
 	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("creating socket: %w", err)
