@@ -210,6 +210,12 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 		}
 		log.Info("bypass attached", "cgroup", t.Path, "cgroup_id", t.ID, "link_id", a.LinkID)
 	}
+	// Sockets that closed while nothing was attached left their entries.
+	if n, err := PruneTrackedSockets(dp); err != nil {
+		log.Warn("pruning the load balancer's socket table", "err", err)
+	} else if n > 0 {
+		log.Info("load balancer forgot closed sockets", "sockets", n)
+	}
 	return dp, nil
 }
 

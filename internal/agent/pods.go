@@ -62,6 +62,7 @@ func (w *podWatch) reconcile(ctx context.Context) {
 		w.log.Info("pod attached", "pod", p.Key(), "cgroup", path, "cgroup_id", id)
 	}
 	// Pods this agent attached that stopped or were removed.
+	detached := 0
 	for id, pod := range w.attached {
 		if want[id] {
 			continue
@@ -72,6 +73,7 @@ func (w *podWatch) reconcile(ctx context.Context) {
 		}
 		w.log.Info("pod gone: detached", "pod", pod, "cgroup_id", id)
 		delete(w.attached, id)
+		detached++
 	}
 	// Attachments whose cgroup the kernel already released (attached by
 	// an earlier agent, or by hand).
@@ -81,6 +83,14 @@ func (w *podWatch) reconcile(ctx context.Context) {
 	}
 	for _, id := range gone {
 		w.log.Info("cgroup gone: attachment removed", "cgroup_id", id)
+	}
+	if detached > 0 || len(gone) > 0 {
+		// Sockets that outlive their cgroup's attachment close unseen.
+		if n, err := PruneTrackedSockets(w.dp); err != nil {
+			w.log.Error("pruning the load balancer's socket table", "err", err)
+		} else if n > 0 {
+			w.log.Info("load balancer forgot closed sockets", "sockets", n)
+		}
 	}
 }
 

@@ -46,11 +46,7 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapa
 		return st, err
 	}
 	if len(stale) > 0 {
-		targets := make([]sockdiag.Target, len(stale))
-		for i, s := range stale {
-			targets[i] = sockdiag.Target{Cookie: s.Cookie, Netns: s.Netns, Protocol: s.Protocol.Number()}
-		}
-		n, err := sockdiag.DestroyAll(targets)
+		n, err := sockdiag.DestroyAll(diagTargets(stale))
 		st.Destroyed = n
 		if err != nil {
 			return st, fmt.Errorf("destroying sockets of removed backends: %w", err)
@@ -68,6 +64,38 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapa
 		return st, fmt.Errorf("recording services: %w", err)
 	}
 	return st, nil
+}
+
+// PruneTrackedSockets forgets the load balancer's entries for connected
+// sockets their owners closed while the socket's cgroup was detached, so
+// that no program saw them go. It returns how many it
+// forgot. Entries made while it runs are not looked at; a socket that
+// closes meanwhile removes its own entry.
+func PruneTrackedSockets(dp *datapath.Datapath) (int, error) {
+	tracked, err := dp.Tracked()
+	if err != nil || len(tracked) == 0 {
+		return 0, err
+	}
+	open, err := sockdiag.Owned(diagTargets(tracked))
+	if err != nil {
+		return 0, fmt.Errorf("finding translated sockets: %w", err)
+	}
+	var gone []uint64
+	for _, s := range tracked {
+		if !open[s.Cookie] {
+			gone = append(gone, s.Cookie)
+		}
+	}
+	return dp.ForgetTracked(gone)
+}
+
+// diagTargets names tracked sockets for sock_diag.
+func diagTargets(socks []datapath.TrackedSocket) []sockdiag.Target {
+	out := make([]sockdiag.Target, len(socks))
+	for i, s := range socks {
+		out[i] = sockdiag.Target{Cookie: s.Cookie, Netns: s.Netns, Protocol: s.Protocol.Number()}
+	}
+	return out
 }
 
 // AppliedServices returns the set last applied to instance name (empty if

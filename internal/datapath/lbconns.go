@@ -1,25 +1,54 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
 	"github.com/socklane/socklane/internal/service"
 )
 
-// StaleSocket is a connected socket that the load balancer sent to a
-// backend that has since been removed from its frontend.
-type StaleSocket struct {
+// TrackedSocket is a connected socket that the load balancer sent to a
+// backend.
+type TrackedSocket struct {
 	Cookie   uint64 // socket cookie
 	Netns    uint64 // network namespace cookie
 	Protocol service.Protocol
 	Backend  netip.AddrPort
 }
 
+// eachTracked calls fn for every entry of the translated-socket table.
+func (d *Datapath) eachTracked(fn func(cookie uint64, c servicelbSlLbConn)) error {
+	var cookie uint64
+	var c servicelbSlLbConn
+	it := d.lb.SlLbConns.Iterate()
+	for it.Next(&cookie, &c) {
+		fn(cookie, c)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading translated sockets: %w", err)
+	}
+	return nil
+}
+
+func trackedSocket(cookie uint64, c servicelbSlLbConn) TrackedSocket {
+	proto := service.TCP
+	if c.Proto == ipprotoUDP {
+		proto = service.UDP
+	}
+	return TrackedSocket{
+		Cookie:   cookie,
+		Netns:    c.Netns,
+		Protocol: proto,
+		Backend:  netip.AddrPortFrom(wordsAddr(c.Member.Be.Ip), c.Member.Be.Port),
+	}
+}
+
 // StaleSockets lists the connected sockets whose (frontend, backend) pair
 // the apply that returned st removed. Run it after the apply: a connect
 // that starts afterwards no longer picks a removed backend.
-func (d *Datapath) StaleSockets(st ApplyStats) ([]StaleSocket, error) {
+func (d *Datapath) StaleSockets(st ApplyStats) ([]TrackedSocket, error) {
 	if len(st.removed) == 0 {
 		return nil, nil
 	}
@@ -27,43 +56,50 @@ func (d *Datapath) StaleSockets(st ApplyStats) ([]StaleSocket, error) {
 	for _, k := range st.removed {
 		gone[k] = true
 	}
-	var out []StaleSocket
-	var cookie uint64
-	var c servicelbSlLbConn
-	it := d.lb.SlLbConns.Iterate()
-	for it.Next(&cookie, &c) {
-		if !gone[c.Member] {
-			continue
+	var out []TrackedSocket
+	err := d.eachTracked(func(cookie uint64, c servicelbSlLbConn) {
+		if gone[c.Member] {
+			out = append(out, trackedSocket(cookie, c))
 		}
-		proto := service.TCP
-		if c.Proto == ipprotoUDP {
-			proto = service.UDP
-		}
-		out = append(out, StaleSocket{
-			Cookie:   cookie,
-			Netns:    c.Netns,
-			Protocol: proto,
-			Backend:  netip.AddrPortFrom(wordsAddr(c.Member.Be.Ip), c.Member.Be.Port),
-		})
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading translated sockets: %w", err)
-	}
-	return out, nil
+	})
+	return out, err
+}
+
+// Tracked lists every connected socket the load balancer remembers a
+// backend for.
+func (d *Datapath) Tracked() ([]TrackedSocket, error) {
+	var out []TrackedSocket
+	err := d.eachTracked(func(cookie uint64, c servicelbSlLbConn) {
+		out = append(out, trackedSocket(cookie, c))
+	})
+	return out, err
 }
 
 // TrackedSockets is the number of connected sockets the load balancer
 // currently remembers a backend for.
 func (d *Datapath) TrackedSockets() (int, error) {
 	n := 0
-	var cookie uint64
-	var c servicelbSlLbConn
-	it := d.lb.SlLbConns.Iterate()
-	for it.Next(&cookie, &c) {
-		n++
+	err := d.eachTracked(func(uint64, servicelbSlLbConn) { n++ })
+	return n, err
+}
+
+// ForgetTracked removes the entries of sockets that closed without the
+// load balancer seeing them go (their cgroup was detached meanwhile), and
+// returns how many it removed. Entries already gone are skipped.
+func (d *Datapath) ForgetTracked(cookies []uint64) (int, error) {
+	if len(cookies) == 0 {
+		return 0, nil
 	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("reading translated sockets: %w", err)
+	n := 0
+	for _, c := range cookies {
+		err := d.lb.SlLbConns.Delete(c)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("forgetting translated socket %d: %w", c, err)
+		}
+		n++
 	}
 	return n, nil
 }

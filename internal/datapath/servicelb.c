@@ -221,20 +221,25 @@ static __noinline int reverse(struct bpf_sock *sk, struct sl_backend *addr)
 	return 0;
 }
 
-/* Records a connected socket's backend, so that the agent can destroy
- * the socket when the backend is removed. */
-static __always_inline void track(struct bpf_sock_addr *ctx, __u32 id, const struct sl_backend *be, __u32 proto)
+/* Records a connected socket's VIP and backend, so that getpeername can
+ * answer with the VIP and the agent can destroy the socket when the
+ * backend is removed. */
+static __always_inline int track(struct bpf_sock_addr *ctx, __u32 id, const struct sl_backend *vip,
+				 const struct sl_backend *be, __u32 proto)
 {
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct sl_lb_conn c = {
 		.member = {.id = id, .be = *be},
+		.vip = *vip,
 		.netns = bpf_get_netns_cookie(ctx),
 		.proto = proto,
 	};
-	if (bpf_map_update_elem(&sl_lb_conns, &cookie, &c, BPF_ANY) == 0)
+	if (bpf_map_update_elem(&sl_lb_conns, &cookie, &c, BPF_ANY) == 0) {
 		lb_count(SL_LB_CONNS_TRACKED);
-	else
-		lb_count(SL_LB_ERR_CONNS);
+		return 1;
+	}
+	lb_count(SL_LB_ERR_CONNS);
+	return 0;
 }
 
 static __always_inline void from4(struct bpf_sock_addr *ctx, struct sl_backend *a)
@@ -310,11 +315,27 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 		to6(ctx, &be);
 	else
 		to4(ctx, &be);
-	remember(ctx->sk, &vip, &be);
-	if (connected)
-		track(ctx, svc->id, &be, proto);
+	/* A TCP socket's one translation lives in sl_lb_conns, which nothing
+	 * evicts: creating socket storage cost more than the rest of this
+	 * program. It is the fallback should the table be full. UDP keeps
+	 * storage, where recvmsg turns every reply's source back. */
+	if (proto == IPPROTO_UDP)
+		remember(ctx->sk, &vip, &be);
+	if (connected && !track(ctx, svc->id, &vip, &be, proto) && proto == IPPROTO_TCP)
+		remember(ctx->sk, &vip, &be);
 	if (!have_prev || !same_be(&prev, &be))
 		lb_event(ctx, SL_EV_LB_SELECT, svc->id, &vip, &be, proto);
+	return 1;
+}
+
+/* A translated TCP socket's VIP, if addr is still its backend. */
+static __always_inline int reverse_tcp(struct bpf_sock_addr *ctx, struct sl_backend *addr)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct sl_lb_conn *c = bpf_map_lookup_elem(&sl_lb_conns, &cookie);
+	if (!c || !same_be(&c->member.be, addr))
+		return 0;
+	*addr = c->vip;
 	return 1;
 }
 
@@ -325,7 +346,7 @@ static __always_inline int untranslate(struct bpf_sock_addr *ctx, int v6, enum s
 		from6(ctx, &a);
 	else
 		from4(ctx, &a);
-	if (!reverse(ctx->sk, &a))
+	if (!(ctx->protocol == IPPROTO_TCP && reverse_tcp(ctx, &a)) && !reverse(ctx->sk, &a))
 		return 1;
 	if (v6)
 		to6(ctx, &a);
@@ -362,12 +383,20 @@ int sl_getpeername6(struct bpf_sock_addr *ctx) { return untranslate(ctx, 1, SL_L
 SEC("cgroup/sock_release")
 int sl_sock_release(struct bpf_sock *sk)
 {
-	/* Only a translated socket has load balancer storage (remember()
-	 * runs before track()): every other socket leaves at one lookup in
-	 * its own storage instead of a delete in the shared LRU. */
-	if (!bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0))
-		return 1;
-	__u64 cookie = bpf_get_socket_cookie(sk);
+	/* A translated UDP socket has load balancer storage (remember() runs
+	 * before track()), a TCP one an entry in sl_lb_conns. Every other
+	 * socket leaves at one lookup, which takes no lock, instead of a
+	 * delete in the shared table, which does. */
+	__u64 cookie;
+	if (sk->protocol == IPPROTO_TCP) {
+		cookie = bpf_get_socket_cookie(sk);
+		if (!bpf_map_lookup_elem(&sl_lb_conns, &cookie))
+			return 1;
+	} else {
+		if (!bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0))
+			return 1;
+		cookie = bpf_get_socket_cookie(sk);
+	}
 	bpf_map_delete_elem(&sl_lb_conns, &cookie);
 	return 1;
 }

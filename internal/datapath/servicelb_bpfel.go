@@ -37,7 +37,7 @@ type servicelbSlBackendKey struct {
 type servicelbSlLbConn struct {
 	_      structs.HostLayout
 	Member servicelbSlMemberKey
-	Pad0   uint32
+	Vip    servicelbSlBackend
 	Netns  uint64
 	Proto  uint8
 	Pad    [7]uint8

@@ -67,10 +67,11 @@ struct {
 } sl_lb_sk SEC(".maps");
 
 /* Translated connected sockets by cookie. An entry leaves when its socket
- * is released (sl_sock_release); LRU only as a bound, should sockets
- * outlive the programs that would remove them. */
+ * is released (sl_sock_release); nothing evicts one, since a TCP socket's
+ * getpeername answers from it. Entries of sockets that closed while their
+ * cgroup was detached are pruned by the agent (PruneTrackedSockets). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_MAX_LB_CONNS);
 	__type(key, __u64);
 	__type(value, struct sl_lb_conn);

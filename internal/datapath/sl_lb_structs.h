@@ -90,10 +90,11 @@ struct sl_lb_sock {
 
 /* A connected socket (TCP, or UDP after connect()) that the load balancer
  * sent to a backend, keyed by socket cookie: when the backend leaves the
- * frontend, the agent finds its sockets here and destroys them. */
+ * frontend, the agent finds its sockets here and destroys them, and a TCP
+ * socket's getpeername finds its VIP here (TCP sockets get no storage). */
 struct sl_lb_conn {
 	struct sl_member_key member; /* frontend id and backend */
-	__u32 pad0;
+	struct sl_backend vip;       /* the address connect() asked for */
 	__u64 netns;                 /* network namespace cookie of the socket */
 	__u8 proto;                  /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 pad[7];

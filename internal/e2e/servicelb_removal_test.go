@@ -255,3 +255,53 @@ func TestServiceDNS(t *testing.T) {
 		}
 	}
 }
+
+// trackedSockets reads the load balancer's translated-socket table size.
+func trackedSockets(t *testing.T, in *testutil.Instance) int {
+	t.Helper()
+	var st struct {
+		Tracked int `json:"lb_tracked_sockets"`
+	}
+	if out := in.MustRun("status", "-o", "json"); json.Unmarshal([]byte(out), &st) != nil {
+		t.Fatalf("parsing status: %s", out)
+	}
+	return st.Tracked
+}
+
+// TestServiceTrackedPrune: TCP sockets translated at connect are recorded
+// by cookie (their getpeername answers from there, since they get no
+// socket storage). Sockets that close while their cgroup is detached leave
+// their entries behind; the next attach forgets exactly those, and keeps
+// the entries of sockets still open.
+func TestServiceTrackedPrune(t *testing.T) {
+	lb := newLBBed(t)
+	be0, be1 := lb.back[0], lb.back[1]
+	lb.apply(t, fmt.Sprintf(removalServices, fmt.Sprintf("      - {ip: %s}\n      - {ip: %s}\n", be0.IPv4, be1.IPv4)))
+	const n = 10
+	base := trackedSockets(t, lb.in)
+	live := startHold(t, lb, lb.host, n, "--mode", "tcp", "198.19.0.10:80")
+	gone := startHold(t, lb, lb.client, n, "--mode", "tcp", "198.19.0.10:80")
+	if got := trackedSockets(t, lb.in); got != base+2*n {
+		t.Fatalf("tracked sockets %d with %d held open, want %d", got, 2*n, base+2*n)
+	}
+	lb.in.MustRun("detach", "--cgroup", lb.client.Cgroup)
+	_ = gone.cmd.Process.Kill()
+	_ = gone.cmd.Wait()
+	// Nothing saw them close: their entries stay.
+	if got := trackedSockets(t, lb.in); got != base+2*n {
+		t.Fatalf("tracked sockets %d after closing %d unseen, want %d still", got, n, base+2*n)
+	}
+	lb.in.Attach(lb.client)
+	if got := trackedSockets(t, lb.in); got != base+n {
+		t.Errorf("tracked sockets %d after the attach pruned, want %d (the %d still open)", got, base+n, n)
+	}
+	// The sockets still open still see the VIP and are still destroyed
+	// when their backend goes.
+	r := lb.probe(t, lb.client, "tcp", "198.19.0.10:80", 20)
+	if len(r.Errors) > 0 || r.PeerMismatch != 0 {
+		t.Errorf("after the prune: errors %v, %d peers other than the VIP", r.Errors, r.PeerMismatch)
+	}
+	checkRemoval(t, []*holder{live}, "be0", func() map[string]float64 {
+		return lb.applyJSON(t, fmt.Sprintf(removalServices, fmt.Sprintf("      - {ip: %s}\n", be1.IPv4)))
+	})
+}

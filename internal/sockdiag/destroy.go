@@ -57,8 +57,46 @@ type Target struct {
 // and returns how many it destroyed. Targets already closed are skipped
 // without error.
 func DestroyAll(targets []Target) (int, error) {
+	destroyed := 0
+	err := visit(targets, func(c *Conn, found []Socket) error {
+		for _, s := range found {
+			err := c.Destroy(s)
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			destroyed++
+		}
+		return nil
+	})
+	return destroyed, err
+}
+
+// Owned returns the cookies of the target sockets that an owner still
+// holds open somewhere on this node. A socket its owner closed may linger
+// in the kernel (FIN_WAIT, TIME_WAIT keeps the cookie) but has no inode
+// any more: it is not counted. A socket is found only in a network
+// namespace that a process or a /run/netns mount holds.
+func Owned(targets []Target) (map[uint64]bool, error) {
+	out := map[uint64]bool{}
+	err := visit(targets, func(_ *Conn, found []Socket) error {
+		for _, s := range found {
+			if s.Inode != 0 {
+				out[s.ID.Cookie] = true
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// visit calls fn, in each network namespace holding targets, with the
+// target sockets found open there.
+func visit(targets []Target, fn func(*Conn, []Socket) error) error {
 	if len(targets) == 0 {
-		return 0, nil
+		return nil
 	}
 	byNetns := map[uint64]map[uint64]uint8{}
 	for _, t := range targets {
@@ -69,74 +107,60 @@ func DestroyAll(targets []Target) (int, error) {
 	}
 	paths, err := Namespaces()
 	if err != nil {
-		return 0, err
+		return err
 	}
-	destroyed := 0
 	var errs []error
 	for _, p := range paths {
 		if len(byNetns) == 0 {
 			break
 		}
-		n, err := destroyIn(p, byNetns)
-		destroyed += n
-		if err != nil {
+		if err := visitIn(p, byNetns, fn); err != nil {
 			if errors.Is(err, ErrNoDestroy) {
-				return destroyed, err
+				return err
 			}
 			errs = append(errs, err)
 		}
 	}
-	return destroyed, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
-// destroyIn destroys the wanted sockets of the namespace at path, if its
-// cookie is one of byNetns's, and forgets that namespace.
-func destroyIn(path string, byNetns map[uint64]map[uint64]uint8) (int, error) {
+// visitIn finds the wanted sockets of the namespace at path, if its cookie
+// is one of byNetns's, hands them to fn, and forgets that namespace.
+func visitIn(path string, byNetns map[uint64]map[uint64]uint8, fn func(*Conn, []Socket) error) error {
 	c, err := OpenIn(path)
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOENT) {
-		return 0, nil // the process is gone, and its namespace with it or elsewhere
+		return nil // the process is gone, and its namespace with it or elsewhere
 	}
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer c.Close()
 	nc, err := c.NetnsCookie()
 	if err != nil {
-		return 0, err
+		return err
 	}
 	want := byNetns[nc]
 	if want == nil {
-		return 0, nil
+		return nil
 	}
 	delete(byNetns, nc)
 	protos := map[uint8]bool{}
 	for _, p := range want {
 		protos[p] = true
 	}
-	var victims []Socket
+	var found []Socket
 	for proto := range protos {
 		for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 			socks, err := c.Dump(family, proto)
 			if err != nil {
-				return 0, err
+				return err
 			}
 			for _, s := range socks {
 				if p, ok := want[s.ID.Cookie]; ok && p == proto {
-					victims = append(victims, s)
+					found = append(found, s)
 				}
 			}
 		}
 	}
-	n := 0
-	for _, s := range victims {
-		err := c.Destroy(s)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return n, err
-		}
-		n++
-	}
-	return n, nil
+	return fn(c, found)
 }
