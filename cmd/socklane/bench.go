@@ -84,6 +84,7 @@ them and the programming time. Reports medians and ratios.`,
 	f.IntVar(&o.Connects, "connects", 2000, "short connections per run")
 	f.StringSliceVar(&o.Kinds, "measure", bench.Kinds(), "measurements: latency, throughput, echo, connect, services (kube-proxy iptables rules against socklane's load balancer)")
 	f.IntSliceVar(&o.ServiceCounts, "service-counts", []int{100, 1000, 10000}, "numbers of services for the services measurement")
+	f.IntVar(&o.IptablesMaxServices, "iptables-max-services", 10000, "most services the iptables baseline is programmed with (iptables-restore takes minutes from 10,000); larger counts measure socklane alone")
 	f.Uint32Var(&o.VerdictWindow, "verdict-window", datapath.DefaultVerdictWindow, "the bypass's verdict window in bytes (0: a verdict per send)")
 	f.StringVar(&ioMode, "io", string(peer.IOBlocking), "socket I/O of socklane's own clients and servers: blocking (one system call per operation, as qperf and netperf; what is timed is the kernel's path) or netpoll (Go's net package: epoll and goroutine wake-ups, as event-driven servers)")
 	f.BoolVar(&o.BypassBrief, "bypass-brief", false, "join every connection to the bypass, also those to destinations whose recent connections were brief (by default the datapath learns them and leaves them on TCP)")

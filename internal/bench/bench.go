@@ -93,6 +93,10 @@ type Options struct {
 	// ServiceCounts are the numbers of services of the services
 	// measurement (kube-proxy iptables rules against socklane).
 	ServiceCounts []int
+	// IptablesMaxServices is the most services the iptables baseline is
+	// programmed with (iptables-restore takes about 90 s for 10,000 here
+	// and grows faster than N); larger counts measure socklane alone.
+	IptablesMaxServices int
 	// VerdictWindow is the datapath's verdict window (see datapath.Config).
 	VerdictWindow uint32
 	// IO is how socklane's own clients and servers drive their sockets.
@@ -125,11 +129,17 @@ type Case struct {
 	Placement string              `json:"placement"`
 	Scenario  string              `json:"scenario"`
 	Samples   map[string][]Sample `json:"samples"`
+	// NoBaseline: a services case above IptablesMaxServices, measured
+	// without the iptables baseline.
+	NoBaseline bool `json:"no_baseline,omitempty"`
 }
 
 // Paths the case is measured over: external tools have no AF_UNIX mode.
 func (c *Case) Paths() []string {
 	if c.Kind == Services {
+		if c.NoBaseline {
+			return []string{PathSockLB}
+		}
 		return []string{PathIptables, PathSockLB}
 	}
 	if c.Tool != "" {
@@ -379,7 +389,8 @@ func (r *runner) cases() []*Case {
 		case Services:
 			for _, n := range r.o.ServiceCounts {
 				for _, p := range r.o.Placements {
-					cs = append(cs, &Case{Kind: k, Size: n, Placement: p.Name, Scenario: PodToPod, Samples: map[string][]Sample{}})
+					cs = append(cs, &Case{Kind: k, Size: n, Placement: p.Name, Scenario: PodToPod, Samples: map[string][]Sample{},
+						NoBaseline: n > r.o.IptablesMaxServices})
 				}
 			}
 		}

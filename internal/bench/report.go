@@ -100,16 +100,29 @@ func (r *Report) servicesMarkdown(w io.Writer) {
 		fmt.Fprintln(w, "Short connections (connect + 64 B request + close) to one service of N; programming time of all N.")
 		fmt.Fprintln(w, "\n| services | iptables us | socklane us | connection rate socklane / iptables | iptables p99.9 us | socklane p99.9 us | iptables-restore ms | socklane apply ms |")
 		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+		var based []*Case
 		for _, c := range rows {
-			t, s := c.Median(PathIptables, mean), c.Median(PathSockLB, mean)
+			s := c.Median(PathSockLB, mean)
+			if c.NoBaseline {
+				fmt.Fprintf(w, "| %d | not run | %.1f | - | not run | %.1f | not run | %.1f |\n", c.Size, s,
+					c.Median(PathSockLB, p999), c.Median(PathSockLB, programMs))
+				continue
+			}
+			based = append(based, c)
+			t := c.Median(PathIptables, mean)
 			fmt.Fprintf(w, "| %d | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %.1f |\n", c.Size, t, s, ratio(t, s),
 				c.Median(PathIptables, p999), c.Median(PathSockLB, p999), c.Median(PathIptables, programMs), c.Median(PathSockLB, programMs))
 		}
 		if len(rows) > 1 {
 			first, last := rows[0], rows[len(rows)-1]
-			fmt.Fprintf(w, "\nCost at %d services against %d: socklane %s, iptables %s.\n", last.Size, first.Size,
-				ratio(last.Median(PathSockLB, mean), first.Median(PathSockLB, mean)),
-				ratio(last.Median(PathIptables, mean), first.Median(PathIptables, mean)))
+			fmt.Fprintf(w, "\nCost at %d services against %d: socklane %s", last.Size, first.Size,
+				ratio(last.Median(PathSockLB, mean), first.Median(PathSockLB, mean)))
+			if len(based) > 1 {
+				bf, bl := based[0], based[len(based)-1]
+				fmt.Fprintf(w, "; iptables at %d against %d: %s", bl.Size, bf.Size,
+					ratio(bl.Median(PathIptables, mean), bf.Median(PathIptables, mean)))
+			}
+			fmt.Fprintln(w, ".")
 		}
 	}
 }

@@ -119,6 +119,9 @@ func checkServices(o Options) error {
 			return fmt.Errorf("--service-counts %d: want 1 to %d", n, MaxServices)
 		}
 	}
+	if o.IptablesMaxServices < 0 {
+		return fmt.Errorf("--iptables-max-services %d: want 0 or more", o.IptablesMaxServices)
+	}
 	for _, cmd := range []string{"iptables-restore", "iptables", "nft"} {
 		if _, err := exec.LookPath(cmd); err != nil {
 			return fmt.Errorf("the services measurement compares with kube-proxy's iptables rules: %s not found (apt-get install iptables nftables)", cmd)

@@ -46,12 +46,13 @@ func TestBench(t *testing.T) {
 	}
 	cmd := exec.CommandContext(ctx, bin, "bench", "--reps", "2", "--sizes", "1,4096", "--count", "200",
 		"--duration", "50ms", "--echo-count", "200", "--connects", "20", "--json", jsonPath, "--svg", svgPath,
-		"--tools", strings.Join(tools, ","), "--tool-sizes", "64", "--tool-duration", "1s", "--service-counts", "10,300")
+		"--tools", strings.Join(tools, ","), "--tool-sizes", "64", "--tool-duration", "1s", "--service-counts", "10,300", "--iptables-max-services", "100")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("socklane bench: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "| bypass / TCP |") || !strings.Contains(string(out), "iptables-restore ms") {
+	if !strings.Contains(string(out), "| bypass / TCP |") || !strings.Contains(string(out), "iptables-restore ms") ||
+		!strings.Contains(string(out), "| 300 | not run |") {
 		t.Errorf("no Markdown table in the output:\n%s", out)
 	}
 	rep := readReport(t, jsonPath)
@@ -67,6 +68,12 @@ func TestBench(t *testing.T) {
 		seen[c.Scenario], seen[c.Kind] = true, true
 		if c.Tool != "" {
 			seen[c.Tool] = true
+		}
+		if c.Kind == bench.Services && c.NoBaseline != (c.Size > 100) {
+			t.Errorf("services %d %s: baseline skipped %v, want it skipped above --iptables-max-services 100", c.Size, c.Placement, c.NoBaseline)
+		}
+		if c.NoBaseline && len(c.Samples[bench.PathIptables]) > 0 {
+			t.Errorf("services %d %s: iptables ran above --iptables-max-services", c.Size, c.Placement)
 		}
 		for _, path := range c.Paths() {
 			ss := c.Samples[path]
