@@ -20,16 +20,7 @@ type TrackedSocket struct {
 
 // eachTracked calls fn for every entry of the translated-socket table.
 func (d *Datapath) eachTracked(fn func(cookie uint64, c servicelbSlLbConn)) error {
-	var cookie uint64
-	var c servicelbSlLbConn
-	it := d.lb.SlLbConns.Iterate()
-	for it.Next(&cookie, &c) {
-		fn(cookie, c)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading translated sockets: %w", err)
-	}
-	return nil
+	return eachEntry(d.lb.SlLbConns, "translated sockets", fn)
 }
 
 func trackedSocket(cookie uint64, c servicelbSlLbConn) TrackedSocket {

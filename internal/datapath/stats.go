@@ -226,14 +226,20 @@ func (d *Datapath) BriefDests() ([]BriefDest, error) {
 
 // eachDest calls fn for every entry of sl_brief.
 func (d *Datapath) eachDest(fn func(bypassSlDest, bypassSlDestStat)) error {
-	var k bypassSlDest
-	var v bypassSlDestStat
-	it := d.objs.SlBrief.Iterate()
+	return eachEntry(d.objs.SlBrief, "sl_brief", fn)
+}
+
+// eachEntry calls fn for every entry of a hash map; what names the map in
+// errors.
+func eachEntry[K, V any](m *ebpf.Map, what string, fn func(K, V)) error {
+	var k K
+	var v V
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		fn(k, v)
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading sl_brief: %w", err)
+		return fmt.Errorf("reading %s: %w", what, err)
 	}
 	return nil
 }

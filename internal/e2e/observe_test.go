@@ -250,6 +250,10 @@ func TestTop(t *testing.T) {
 	echoService(t, in, srv, 7302, "198.19.0.32", "")
 	pp := start(t, cli, in.Bin, "peer", "pingpong", fmt.Sprintf("%s:7302", srv.IPv4), "--size", "1000", "--count", "5000000", "--warmup", "0")
 	t.Cleanup(func() { _ = pp.cmd.Process.Kill() })
+	// The short connections go to the same server: once the datapath has
+	// learned that they are brief, a long connection that starts after
+	// them stays on TCP (15 in 16). The busy one joins first.
+	waitFor(t, func() bool { return in.Sockets() >= 2 })
 	short := start(t, cli, in.Bin, "peer", "connects", "198.19.0.32:80", "--size", "64", "--count", "200000")
 	t.Cleanup(func() { _ = short.cmd.Process.Kill() })
 	time.Sleep(200 * time.Millisecond)

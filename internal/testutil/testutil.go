@@ -197,8 +197,8 @@ func (in *Instance) Attach(pods ...*testbed.Pod) {
 	}
 }
 
-// Counters reads the datapath counters through `socklane status -o json`.
-func (in *Instance) Counters() map[string]uint64 {
+// status reads `socklane status -o json`'s counters and bypassed sockets.
+func (in *Instance) status() (map[string]uint64, int) {
 	in.t.Helper()
 	out := in.MustRun("status", "-o", "json")
 	var st struct {
@@ -208,7 +208,21 @@ func (in *Instance) Counters() map[string]uint64 {
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		in.t.Fatalf("parsing status: %v\n%s", err, out)
 	}
-	return st.Counters
+	return st.Counters, st.Sockets
+}
+
+// Counters reads the datapath counters through `socklane status -o json`.
+func (in *Instance) Counters() map[string]uint64 {
+	in.t.Helper()
+	c, _ := in.status()
+	return c
+}
+
+// Sockets is the number of sockets in the bypass map.
+func (in *Instance) Sockets() int {
+	in.t.Helper()
+	_, n := in.status()
+	return n
 }
 
 // Delta returns after-before for every counter.
