@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -77,24 +78,14 @@ func newStatusCmd(g *globals) *cobra.Command {
 			for _, a := range rep.Attachments {
 				fmt.Fprintf(w, "attached\t%s\tcgroup id %d\tlink %d\n", a.Path, a.CgroupID, a.LinkID)
 			}
-			keys := make([]string, 0, len(rep.Counters))
-			for k := range rep.Counters {
-				keys = append(keys, k)
-			}
-			slices.Sort(keys)
-			for _, k := range keys {
+			for _, k := range slices.Sorted(maps.Keys(rep.Counters)) {
 				fmt.Fprintf(w, "%s\t%d\n", k, rep.Counters[k])
 			}
 			for _, b := range rep.Brief {
 				fmt.Fprintf(w, "brief destination\t%s\tnetns %d\tin a row %d\tskipped %d\n", b.Dest, b.NetNS, b.InARow, b.Skipped)
 			}
 			fmt.Fprintf(w, "lb tracked sockets\t%d\n", rep.TrackedSockets)
-			keys = keys[:0]
-			for k := range rep.LBCounters {
-				keys = append(keys, k)
-			}
-			slices.Sort(keys)
-			for _, k := range keys {
+			for _, k := range slices.Sorted(maps.Keys(rep.LBCounters)) {
 				fmt.Fprintf(w, "lb %s\t%d\n", k, rep.LBCounters[k])
 			}
 			for _, v := range rep.Services {

@@ -68,9 +68,9 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapa
 
 // PruneTrackedSockets forgets the load balancer's entries for connected
 // sockets their owners closed while the socket's cgroup was detached, so
-// that no program saw them go. It returns how many it
-// forgot. Entries made while it runs are not looked at; a socket that
-// closes meanwhile removes its own entry.
+// that no program saw them go, and returns how many it forgot. Entries
+// made while it runs are not looked at; a socket that closes meanwhile
+// removes its own entry.
 func PruneTrackedSockets(dp *datapath.Datapath) (int, error) {
 	tracked, err := dp.Tracked()
 	if err != nil || len(tracked) == 0 {

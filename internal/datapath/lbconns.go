@@ -78,9 +78,6 @@ func (d *Datapath) TrackedSockets() (int, error) {
 // load balancer seeing them go (their cgroup was detached meanwhile), and
 // returns how many it removed. Entries already gone are skipped.
 func (d *Datapath) ForgetTracked(cookies []uint64) (int, error) {
-	if len(cookies) == 0 {
-		return 0, nil
-	}
 	n := 0
 	for _, c := range cookies {
 		err := d.lb.SlLbConns.Delete(c)
