@@ -36,9 +36,10 @@ check-generated: generate ## fail if committed generated files differ from a fre
 metrics-doc: ## regenerate docs/metrics.md from the metric definitions
 	$(GO) test -count=1 ./internal/metrics/ -run TestDoc -update
 
-lint: ## gofmt and vet
-	test -z "$$(gofmt -l .)"
+lint: ## gofmt, vet and golangci-lint (.golangci.yml; the linter is built once, cached by version)
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: files above need formatting" >&2; exit 1; }
 	$(GO) vet ./...
+	$$(./scripts/golangci-lint.sh) run ./...
 
 clean: ## remove build outputs
 	rm -rf bin

@@ -62,7 +62,7 @@ them and the programming time. Reports medians and ratios.`,
 			if err := write(jsonOut, func(f *os.File) error { return writeJSON(f, rep) }); err != nil {
 				return err
 			}
-			if err := write(svgOut, func(f *os.File) error { rep.SVG(f); return nil }); err != nil {
+			if err := write(svgOut, func(f *os.File) error { return rep.SVG(f) }); err != nil {
 				return err
 			}
 			if err := write(mdOut, func(f *os.File) error { rep.Markdown(f); return nil }); err != nil {

@@ -548,8 +548,7 @@ func (r *runner) run(pod *testbed.Pod, cpu int, args ...string) ([]byte, error) 
 		}
 	case <-ctx.Done():
 		_ = cmd.Process.Kill()
-		<-done
-		return nil, fmt.Errorf("%v: %w", args, ctx.Err())
+		return nil, fmt.Errorf("%v: %w (%v)", args, ctx.Err(), <-done)
 	}
 	return out.Bytes(), nil
 }

@@ -194,7 +194,7 @@ func (r *Report) placements() []string {
 
 // SVG draws bypass/TCP per size: latency (lower is better) and throughput
 // (higher is better), one bar per placement, with the parity line.
-func (r *Report) SVG(w io.Writer) {
+func (r *Report) SVG(w io.Writer) error {
 	type bar struct {
 		label string
 		v     float64
@@ -249,5 +249,6 @@ func (r *Report) SVG(w io.Writer) {
 		}
 	}
 	b.WriteString("</svg>\n")
-	io.WriteString(w, b.String())
+	_, err := io.WriteString(w, b.String())
+	return err
 }

@@ -215,8 +215,7 @@ func runTimeout(ctx context.Context, cmd *exec.Cmd, d time.Duration) error {
 	case <-ctx.Done():
 	}
 	_ = cmd.Process.Kill()
-	<-done
-	return fmt.Errorf("%s did not finish in %s", cmd.Path, d)
+	return fmt.Errorf("%s did not finish in %s (%v)", cmd.Path, d, <-done)
 }
 
 // waitListening retries a tiny ping-pong until the server answers.

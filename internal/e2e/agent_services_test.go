@@ -47,7 +47,7 @@ func TestAgentServiceFile(t *testing.T) {
 	t.Cleanup(func() {
 		if agent.ProcessState == nil {
 			_ = agent.Process.Kill()
-			<-exited
+			t.Logf("agent stopped: %v", <-exited)
 		}
 	})
 

@@ -62,8 +62,7 @@ func (p *proc) wait(t *testing.T, d time.Duration) error {
 		return err
 	case <-time.After(d):
 		_ = p.cmd.Process.Kill()
-		<-done
-		t.Fatalf("%s did not finish in %s; stderr: %s", p.cmd.Args, d, p.err.String())
+		t.Fatalf("%s did not finish in %s (%v); stderr: %s", p.cmd.Args, d, <-done, p.err.String())
 		return nil
 	}
 }

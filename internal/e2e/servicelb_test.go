@@ -18,12 +18,11 @@ import (
 // lbBed is a client pod, a host-network client and two backend pods, each
 // backend answering its own name over TCP and UDP on port 8080.
 type lbBed struct {
-	in         *testutil.Instance
-	client     *testbed.Pod
-	host       *testbed.Pod
-	back       []*testbed.Pod
-	dir        string
-	serviceSrc string
+	in     *testutil.Instance
+	client *testbed.Pod
+	host   *testbed.Pod
+	back   []*testbed.Pod
+	dir    string
 }
 
 func newLBBed(t *testing.T) *lbBed {

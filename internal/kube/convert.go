@@ -125,7 +125,7 @@ func backends(eps []*discoveryv1.EndpointSlice, vips []netip.Addr) []service.Bac
 			ready := e.Conditions.Ready == nil || *e.Conditions.Ready
 			serving := e.Conditions.Serving == nil && ready || e.Conditions.Serving != nil && *e.Conditions.Serving
 			terminating := e.Conditions.Terminating != nil && *e.Conditions.Terminating
-			if !ready && !(serving && terminating) {
+			if usable := ready || serving && terminating; !usable {
 				continue
 			}
 			for _, a := range e.Addresses {

@@ -199,10 +199,7 @@ func Stream(ctx context.Context, addr string, mode IO, size int, d time.Duration
 	start := time.Now()
 	deadline := start.Add(d)
 	msgs := 0
-	for {
-		if count > 0 && msgs >= count {
-			break
-		}
+	for count == 0 || msgs < count {
 		// The clock is read every 256 writes: cheap next to small writes.
 		if count == 0 && msgs%256 == 0 && !time.Now().Before(deadline) {
 			break

@@ -110,7 +110,7 @@ func send(s sock, h header, rng *rand.Rand) (uint64, error) {
 		if n > h.Length-sent {
 			n = h.Length - sent
 		}
-		p.Read(buf[:n])
+		p.fill(buf[:n])
 		w, err := s.Write(buf[:n])
 		sent += uint64(w)
 		if err != nil {
@@ -333,7 +333,9 @@ func dialOne(ctx context.Context, i int, target netip.AddrPort, cfg IntegrityCon
 	}
 	if mode == ModeReset {
 		sent, err := send(s, h, rng)
-		s.Reset()
+		if rerr := s.Reset(); rerr != nil && err == nil {
+			err = fmt.Errorf("resetting: %w", rerr)
+		}
 		r := Result{Conn: i, Side: "client", Mode: mode.String(), IO: style, Sent: sent, Expected: h.Length, Mismatch: -1, OK: err == nil}
 		if err != nil {
 			r.Err = err.Error()

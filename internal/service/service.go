@@ -275,7 +275,7 @@ func dnsLabel(s string) bool {
 		return false
 	}
 	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+		if lower, digit := c >= 'a' && c <= 'z', c >= '0' && c <= '9'; !lower && !digit && c != '-' {
 			return false
 		}
 	}

@@ -110,7 +110,9 @@ func TestDumpAndDestroy(t *testing.T) {
 			if err := c.Destroy(*found); err != nil {
 				t.Fatal(err)
 			}
-			p.client.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if err := p.client.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
 			_, err = p.client.Read(make([]byte, 16))
 			if !errors.Is(err, syscall.ECONNABORTED) {
 				t.Errorf("read after destroy: %v, want ECONNABORTED", err)
@@ -148,7 +150,9 @@ func TestDestroyAllAcrossNamespaces(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("destroyed %d sockets, want 1", n)
 	}
-	p.client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if err := p.client.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := p.client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNABORTED) {
 		t.Errorf("read after destroy: %v, want ECONNABORTED", err)
 	}
