@@ -28,7 +28,8 @@ server pinned to one CPU and to two. qperf, sockperf and iperf3, where
 installed, run pod to pod beside socklane's own client. The services
 measurement programs N services as kube-proxy's iptables rules and through
 socklane's connect-time load balancer and compares short connections to one of
-them and the programming time. Reports medians and ratios.`,
+them, and to a backend's own address with no service at all (the floor of any
+load balancer), and the programming time. Reports medians and ratios.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)

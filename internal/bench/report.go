@@ -98,19 +98,20 @@ func (r *Report) servicesMarkdown(w io.Writer) {
 		}
 		fmt.Fprintf(w, "\n### Services: kube-proxy iptables rules against socklane's connect-time load balancer, pod-to-pod, %s\n\n", pl)
 		fmt.Fprintln(w, "Short connections (connect + 64 B request + close) to one service of N; programming time of all N.")
-		fmt.Fprintln(w, "\n| services | iptables us | socklane us | connection rate socklane / iptables | iptables p99.9 us | socklane p99.9 us | iptables-restore ms | socklane apply ms |")
-		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "Direct: no service, the client connects to a backend's own address; iptables / direct is the highest rate ratio any connect-time load balancer could reach here.")
+		fmt.Fprintln(w, "\n| services | iptables us | socklane us | direct us | connection rate socklane / iptables | ceiling: iptables / direct | iptables p99.9 us | socklane p99.9 us | iptables-restore ms | socklane apply ms |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		var based []*Case
 		for _, c := range rows {
-			s := c.Median(PathSockLB, mean)
+			s, d := c.Median(PathSockLB, mean), c.Median(PathDirect, mean)
 			if c.NoBaseline {
-				fmt.Fprintf(w, "| %d | not run | %.1f | - | not run | %.1f | not run | %.1f |\n", c.Size, s,
+				fmt.Fprintf(w, "| %d | not run | %.1f | %.1f | - | - | not run | %.1f | not run | %.1f |\n", c.Size, s, d,
 					c.Median(PathSockLB, p999), c.Median(PathSockLB, programMs))
 				continue
 			}
 			based = append(based, c)
 			t := c.Median(PathIptables, mean)
-			fmt.Fprintf(w, "| %d | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %.1f |\n", c.Size, t, s, ratio(t, s),
+			fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s | %.1f | %.1f | %.1f | %.1f |\n", c.Size, t, s, d, ratio(t, s), ratio(t, d),
 				c.Median(PathIptables, p999), c.Median(PathSockLB, p999), c.Median(PathIptables, programMs), c.Median(PathSockLB, programMs))
 		}
 		if len(rows) > 1 {

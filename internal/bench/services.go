@@ -26,6 +26,10 @@ const Services = "services"
 const (
 	PathIptables = "iptables"    // kube-proxy-style NAT rules, datapath detached
 	PathSockLB   = "socklane-lb" // socklane's connect-time load balancer, bypass off
+	// PathDirect: no service, the client connects to a backend's own
+	// address. The floor any connect-time load balancer can reach, so
+	// iptables / direct is the highest rate ratio any of them can show.
+	PathDirect = "direct"
 )
 
 // MaxServices is the most services the benchmark generates (one VIP each
@@ -180,6 +184,7 @@ func (r *runner) removeNatTable() {
 func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 	n := c.Size
 	port := r.addrPort(c)
+	target := netip.AddrPortFrom(svcVIP(targetService(n)), servicePort)
 	var s Sample
 	if _, err := r.dp.DetachAll(); err != nil {
 		return s, err
@@ -208,6 +213,8 @@ func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 		}
 		s.ProgramMs = float64(st.Took.Microseconds()) / 1000
 		defer func() { _, _ = r.dp.ApplyServices(&service.Set{}) }()
+	case PathDirect:
+		target = netip.AddrPortFrom(r.backends[0], port)
 	}
 	lbBefore, err := r.dp.ServiceStats()
 	if err != nil {
@@ -217,8 +224,7 @@ func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 	if err != nil {
 		return s, err
 	}
-	vip := netip.AddrPortFrom(svcVIP(targetService(n)), servicePort).String()
-	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "connects", vip, "--size", "64", "--count", strconv.Itoa(r.o.Connects), "--io", string(r.o.IO))
+	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "connects", target.String(), "--size", "64", "--count", strconv.Itoa(r.o.Connects), "--io", string(r.o.IO))
 	if err != nil {
 		return s, err
 	}
@@ -242,7 +248,7 @@ func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 		return s, fmt.Errorf("%d messages were bypassed in a load balancing run", s.Redirected)
 	case path == PathSockLB && selected < uint64(r.o.Connects):
 		return s, fmt.Errorf("socklane chose a backend %d times for %d connections", selected, r.o.Connects)
-	case path == PathIptables && selected != 0:
+	case path != PathSockLB && selected != 0:
 		return s, fmt.Errorf("socklane chose backends %d times with its load balancer detached", selected)
 	}
 	return s, nil

@@ -52,7 +52,7 @@ func TestBench(t *testing.T) {
 		t.Fatalf("socklane bench: %v\n%s", err, out)
 	}
 	if !strings.Contains(string(out), "| bypass / TCP |") || !strings.Contains(string(out), "iptables-restore ms") ||
-		!strings.Contains(string(out), "| 300 | not run |") {
+		!strings.Contains(string(out), "| 300 | not run |") || !strings.Contains(string(out), "ceiling: iptables / direct") {
 		t.Errorf("no Markdown table in the output:\n%s", out)
 	}
 	rep := readReport(t, jsonPath)
@@ -84,8 +84,8 @@ func TestBench(t *testing.T) {
 				if (path == bench.PathBypass) != (s.Redirected > 0) {
 					t.Errorf("%s%s %d %s %s %s: %d messages redirected", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, s.Redirected)
 				}
-				if c.Kind == bench.Services && s.ProgramMs <= 0 {
-					t.Errorf("services %d %s %s: no programming time", c.Size, c.Placement, path)
+				if c.Kind == bench.Services && (s.ProgramMs > 0) != (path != bench.PathDirect) {
+					t.Errorf("services %d %s %s: programming time %.3f ms", c.Size, c.Placement, path, s.ProgramMs)
 				}
 				if s.Mean == 0 && s.MBps == 0 {
 					t.Errorf("%s%s %d %s %s %s: empty sample", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path)

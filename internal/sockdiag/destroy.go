@@ -3,6 +3,7 @@ package sockdiag
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -163,4 +164,37 @@ func visitIn(path string, byNetns map[uint64]map[uint64]uint8, fn func(*Conn, []
 		}
 	}
 	return fn(c, found)
+}
+
+// TCPTimeWait is TIME_WAIT in the kernel's TCP state numbering.
+const TCPTimeWait = 6
+
+// DestroyTimeWait removes the TCP TIME_WAIT sockets of the connection's
+// network namespace whose remote address match accepts, and returns how
+// many it removed. A client making many short connections to one address
+// leaves one per connection for a minute, and each new connect() then
+// searches past them for a free port: clearing them gives every run of a
+// benchmark the same start.
+func (c *Conn) DestroyTimeWait(match func(netip.AddrPort) bool) (int, error) {
+	removed := 0
+	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		socks, err := c.Dump(family, unix.IPPROTO_TCP)
+		if err != nil {
+			return removed, err
+		}
+		for _, s := range socks {
+			if s.State != TCPTimeWait || !match(s.Remote()) {
+				continue
+			}
+			err := c.Destroy(s)
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return removed, err
+			}
+			removed++
+		}
+	}
+	return removed, nil
 }

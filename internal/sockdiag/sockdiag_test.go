@@ -3,6 +3,7 @@ package sockdiag
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"syscall"
 	"testing"
@@ -229,4 +230,80 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("%d sockets from %d bytes", len(socks), len(b))
 		}
 	})
+}
+
+// TestDestroyTimeWait leaves TIME_WAIT sockets towards two listeners and
+// removes only those the match accepts.
+func TestDestroyTimeWait(t *testing.T) {
+	testutil.RequireRoot(t)
+	const conns = 10
+	var ports []uint16
+	for range 2 {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		ports = append(ports, uint16(ln.Addr().(*net.TCPAddr).Port))
+		for range conns {
+			c, err := net.Dial("tcp4", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The client closes first and keeps the TIME_WAIT.
+			c.Close()
+			if _, err := s.Read(make([]byte, 1)); err == nil {
+				t.Fatal("server read data, want EOF")
+			}
+			s.Close()
+		}
+	}
+	c, err := Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	to := func(port uint16) func(netip.AddrPort) bool {
+		return func(a netip.AddrPort) bool { return a.Port() == port }
+	}
+	count := func(port uint16) int {
+		socks, err := c.Dump(unix.AF_INET, unix.IPPROTO_TCP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, s := range socks {
+			if s.State == TCPTimeWait && s.Remote().Port() == port {
+				n++
+			}
+		}
+		return n
+	}
+	// The last FIN's ACK may still be on its way.
+	deadline := time.Now().Add(5 * time.Second)
+	for count(ports[1]) < conns && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, p := range ports {
+		if n := count(p); n != conns {
+			t.Fatalf("%d TIME_WAIT sockets towards port %d, want %d", n, p, conns)
+		}
+	}
+	n, err := c.DestroyTimeWait(to(ports[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != conns || count(ports[0]) != 0 {
+		t.Errorf("removed %d, %d left towards port %d; want %d removed, none left", n, count(ports[0]), ports[0], conns)
+	}
+	if left := count(ports[1]); left != conns {
+		t.Errorf("%d TIME_WAIT sockets towards port %d after removing port %d's, want %d untouched", left, ports[1], ports[0], conns)
+	}
+	if _, err := c.DestroyTimeWait(to(ports[1])); err != nil {
+		t.Fatal(err)
+	}
 }
