@@ -60,19 +60,28 @@ type Target struct {
 func DestroyAll(targets []Target) (int, error) {
 	destroyed := 0
 	err := visit(targets, func(c *Conn, found []Socket) error {
-		for _, s := range found {
-			err := c.Destroy(s)
-			if errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			destroyed++
-		}
-		return nil
+		n, err := c.destroyEach(found)
+		destroyed += n
+		return err
 	})
 	return destroyed, err
+}
+
+// destroyEach destroys socks and returns how many it destroyed; sockets
+// already gone are skipped.
+func (c *Conn) destroyEach(socks []Socket) (int, error) {
+	destroyed := 0
+	for _, s := range socks {
+		err := c.Destroy(s)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return destroyed, err
+		}
+		destroyed++
+	}
+	return destroyed, nil
 }
 
 // Owned returns the cookies of the target sockets that an owner still
@@ -182,18 +191,16 @@ func (c *Conn) DestroyTimeWait(match func(netip.AddrPort) bool) (int, error) {
 		if err != nil {
 			return removed, err
 		}
+		var tw []Socket
 		for _, s := range socks {
-			if s.State != TCPTimeWait || !match(s.Remote()) {
-				continue
+			if s.State == TCPTimeWait && match(s.Remote()) {
+				tw = append(tw, s)
 			}
-			err := c.Destroy(s)
-			if errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			if err != nil {
-				return removed, err
-			}
-			removed++
+		}
+		n, err := c.destroyEach(tw)
+		removed += n
+		if err != nil {
+			return removed, err
 		}
 	}
 	return removed, nil
