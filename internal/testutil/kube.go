@@ -6,7 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,12 +30,7 @@ type APIServer struct {
 
 func freeTCPPort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return int(netip.MustParseAddrPort(FreeAddr(t)).Port())
 }
 
 func startProc(t testing.TB, log string, name string, args ...string) {
