@@ -26,6 +26,10 @@
 #include "sl_structs.h"
 #include "sl_maps.h"
 #include "sl_event_maps.h"
+#include "sl_kernel.h"
+#include "sl_conn.h"
+#include "sl_brief.h"
+#include "sl_capture.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -70,110 +74,6 @@ const volatile __u32 verdict_window = 4096;
  * destination, which connections these are and leave them on TCP (see
  * SL_BRIEF_* in sl_consts.h). 0: every connection joins. */
 const volatile __u32 brief_learn = 1;
-
-/* Kernel types read through BTF (CO-RE); only the fields used. */
-struct file {
-	unsigned int f_flags;
-} __attribute__((preserve_access_index));
-
-struct socket {
-	struct file *file;
-} __attribute__((preserve_access_index));
-
-struct sock {
-	void *sk_user_data;
-	int sk_rcvbuf;
-	struct socket *sk_socket;
-} __attribute__((preserve_access_index));
-
-#define SL_O_NONBLOCK 04000
-
-/* msg_tot_len: bytes redirected into a socket and not yet read.
- * apply_bytes: what is left of the socket's open verdict window.
- * refcnt: 1 for the map, plus one per send or receive running on it. */
-struct refcount_struct {
-	struct {
-		int counter;
-	} refs;
-} __attribute__((preserve_access_index));
-
-struct sk_psock {
-	__u32 apply_bytes;
-	__u32 msg_tot_len;
-	struct refcount_struct refcnt;
-} __attribute__((preserve_access_index));
-
-/* Low bits of sk_user_data are flags (SK_USER_DATA_PTRMASK). */
-#define SL_USER_DATA_PTRMASK (~7UL)
-
-struct tcp_sock {
-	__u32 write_seq;
-} __attribute__((preserve_access_index));
-
-#define STATE_SHIFT 16
-#define GEN_SHIFT 32
-
-static __always_inline __u32 word_gen(__u64 w) { return w >> GEN_SHIFT; }
-static __always_inline __u32 word_state(__u64 w) { return (w >> STATE_SHIFT) & 0xffff; }
-static __always_inline __u32 word_members(__u64 w) { return w & 0xffff; }
-static __always_inline __u64 mkword(__u32 gen, __u32 state, __u32 members)
-{
-	return ((__u64)gen << GEN_SHIFT) | ((__u64)state << STATE_SHIFT) | members;
-}
-
-static __always_inline struct sl_counters *counters(void)
-{
-	__u32 zero = 0;
-	return bpf_map_lookup_elem(&sl_stats, &zero);
-}
-
-static __always_inline void count(enum sl_counter c, __u64 n)
-{
-	struct sl_counters *cnt = counters();
-	if (cnt && c < SL_C_MAX)
-		cnt->c[c] += n;
-}
-
-static __always_inline void copy_ip(__u32 *dst, const __u32 *src)
-{
-	dst[0] = src[0];
-	dst[1] = src[1];
-	dst[2] = src[2];
-	dst[3] = src[3];
-}
-
-/* Emits an event about connection c (src: the client, dst: the server)
- * if a reader listens. */
-static __noinline void conn_event(struct sl_conn *c, __u32 type, __u32 reason, __u8 dir, __u8 role)
-{
-	int lost;
-	struct sl_event *e = event_reserve(&lost);
-	if (!e) {
-		if (lost)
-			count(SL_C_EVENTS_LOST, 1);
-		return;
-	}
-	e->type = type;
-	e->reason = reason;
-	e->dir = dir;
-	e->role = role;
-	e->proto = 6; /* IPPROTO_TCP */
-	e->netns = role == SL_ROLE_SERVER ? c->server_netns : c->client_netns;
-	copy_ip(e->src_ip, c->client.local_ip);
-	copy_ip(e->dst_ip, c->client.remote_ip);
-	e->src_port = c->client.local_port;
-	e->dst_port = c->client.remote_port;
-	e->bytes[0] = c->bytes[0] + c->tcp_bytes[0];
-	e->bytes[1] = c->bytes[1] + c->tcp_bytes[1];
-	e->msgs[0] = c->msgs[0] + c->tcp_msgs[0];
-	e->msgs[1] = c->msgs[1] + c->tcp_msgs[1];
-	bpf_ringbuf_submit(e, 0);
-}
-
-static __always_inline __u32 sock_id(__u32 slot, __u32 role)
-{
-	return slot << 1 | role;
-}
 
 static __always_inline int is_loopback(const __u32 ip[4])
 {
@@ -236,74 +136,6 @@ static __always_inline void reverse(const struct sl_tuple *in, struct sl_tuple *
 	out->netns = in->netns;
 }
 
-/* The read mode of a socket's file: 1 blocking, 0 non-blocking, -1 not
- * known yet (an accepted socket before accept() returned it). */
-static __always_inline int sock_blocking(struct sock *sk)
-{
-	if (!sk)
-		return -1;
-	struct socket *so = sk->sk_socket;
-	if (!so)
-		return -1;
-	struct file *f = so->file;
-	if (!f)
-		return -1;
-	return !(f->f_flags & SL_O_NONBLOCK);
-}
-
-static __always_inline struct sk_psock *psock_of(struct sock *sk)
-{
-	if (!sk)
-		return 0;
-	return (struct sk_psock *)((unsigned long)sk->sk_user_data & SL_USER_DATA_PTRMASK);
-}
-
-/* Bytes redirected into sk and not yet read by its application. */
-static __always_inline __u32 queued_bytes(struct sock *sk)
-{
-	struct sk_psock *ps = psock_of(sk);
-	__u32 queued = 0;
-	if (ps)
-		bpf_core_read(&queued, sizeof(queued), &ps->msg_tot_len);
-	return queued;
-}
-
-/* Whether sk, the peer of a socket about to leave the map, might still
- * redirect to it: under an open verdict window, or from a send already past
- * its verdict (the kernel releases the sender's lock around the redirect,
- * holding a reference on the sender's psock). Called only once the
- * direction from sk is on TCP, so every verdict sk runs from now on passes
- * to TCP. Any other reference (a receive in progress) also counts as busy:
- * the caller retries at its next transmit. */
-static __always_inline int peer_may_redirect(struct sock *sk)
-{
-	struct sk_psock *ps = psock_of(sk);
-	if (!ps)
-		return 0;
-	__u32 left = 0;
-	int refs = 0;
-	bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
-	bpf_core_read(&refs, sizeof(refs), &ps->refcnt.refs.counter);
-	return left || refs > 1;
-}
-
-static __always_inline struct sock *member_sock(__u32 slot, __u32 role)
-{
-	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
-	if (!socks)
-		return 0;
-	/* Two loads at constant offsets: the verifier refuses a kptr load at
-	 * a computed one. */
-	struct sock *sk;
-	if (role == SL_ROLE_CLIENT) {
-		sk = socks->client;
-		asm volatile("" ::: "memory");
-	} else {
-		sk = socks->server;
-	}
-	return sk;
-}
-
 static __always_inline void listener_of(struct sl_conn *c, struct sl_listener *l)
 {
 	__builtin_memset(l, 0, sizeof(*l));
@@ -352,129 +184,12 @@ static __always_inline int server_blocks(struct sl_conn *c, __u32 slot)
 	return listener_blocks(c);
 }
 
-static __always_inline struct sl_conn *conn_of(__u32 slot)
-{
-	return bpf_map_lookup_elem(&sl_conns, &slot);
-}
-
-/* Moves the connection from PENDING to state (BYPASS or TCP), adding
- * add_member to its members. Returns the state the connection is in after
- * the attempt. */
-static __always_inline __u32 conn_decide(struct sl_conn *c, __u32 gen, __u32 state, __u32 add_member)
-{
-	__u64 old = c->word;
-	if (word_gen(old) != gen)
-		return SL_CONN_FREE;
-	if (word_state(old) != SL_CONN_PENDING)
-		return word_state(old);
-	__u64 new = mkword(gen, state, word_members(old) | add_member);
-	__u64 seen = __sync_val_compare_and_swap(&c->word, old, new);
-	if (seen == old)
-		return state;
-	/* Someone else moved it (members only change together with state, or
-	 * on close): report what it is now. */
-	if (word_gen(seen) != gen)
-		return SL_CONN_FREE;
-	return word_state(seen);
-}
-
-/* Drops role's membership; the last member returns the slot. */
-static __always_inline void conn_leave(struct sl_conn *c, __u32 slot, __u32 gen, __u32 role)
-{
-	__u32 bit = 1u << role;
-	for (int i = 0; i < 4; i++) {
-		__u64 old = c->word;
-		if (word_gen(old) != gen || !(word_members(old) & bit))
-			return;
-		__u32 members = word_members(old) & ~bit;
-		__u64 new = members ? mkword(gen, word_state(old), members)
-				    : mkword(gen + 1, SL_CONN_FREE, 0);
-		if (__sync_val_compare_and_swap(&c->word, old, new) == old) {
-			if (!members)
-				bpf_map_push_elem(&sl_conn_free, &slot, 0);
-			return;
-		}
-	}
-}
-
 static __always_inline void set_flags(struct bpf_sock_ops *skops, int add, int clear)
 {
 	int flags = skops->bpf_sock_ops_cb_flags;
 	int want = (flags | add) & ~clear;
 	if (want != flags)
 		bpf_sock_ops_cb_flags_set(skops, want);
-}
-
-static __always_inline void set_member_sock(struct bpf_sock *bsk, __u32 slot, __u32 role)
-{
-	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
-	if (!socks)
-		return;
-	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
-	if (role == SL_ROLE_CLIENT) {
-		socks->server = 0;
-		socks->client = sk;
-	} else {
-		socks->server = sk;
-	}
-}
-
-static __always_inline void dest_of(struct sl_dest *d, const struct sl_tuple *t, __u64 netns)
-{
-	__builtin_memset(d, 0, sizeof(*d));
-	d->ip[0] = t->remote_ip[0];
-	d->ip[1] = t->remote_ip[1];
-	d->ip[2] = t->remote_ip[2];
-	d->ip[3] = t->remote_ip[3];
-	d->port = t->remote_port;
-	d->netns = netns;
-}
-
-/* Whether a new client connection to t's destination stays on TCP: the
- * destination's last SL_BRIEF_LEARN connections from this namespace were
- * brief, or found no managed server. Every SL_BRIEF_PROBE-th still joins,
- * so that a destination that changed is seen again. Returns the counter to
- * charge, or 0 to join. */
-static __always_inline __u32 brief_skip(const struct sl_tuple *t, __u64 netns)
-{
-	struct sl_dest d;
-	dest_of(&d, t, netns);
-	struct sl_dest_stat *s = bpf_map_lookup_elem(&sl_brief, &d);
-	if (!s || s->brief < SL_BRIEF_LEARN)
-		return 0;
-	if (__sync_fetch_and_add(&s->skipped, 1) % SL_BRIEF_PROBE == SL_BRIEF_PROBE - 1)
-		return 0;
-	return s->remote ? SL_C_FALLBACK_NO_PEER : SL_C_FALLBACK_BRIEF;
-}
-
-/* Learns from a client closing what joining its connection was worth.
- * Nothing, when the connection was bypassed and brief (at most one send
- * each way: a direction's first send never opens a verdict window, so msgs
- * counts sends up to there), or when no managed server ever joined (a
- * remote or unmanaged peer). A bypassed connection that was not brief
- * resets what its destination learned. */
-static __always_inline void brief_note(const struct sl_conn *c, __u32 state)
-{
-	struct sl_dest d;
-	dest_of(&d, &c->client, c->client_netns);
-	__u32 remote = state != SL_CONN_BYPASS && !c->server_netns;
-	int brief = state == SL_CONN_BYPASS && c->msgs[0] <= 1 && c->msgs[1] <= 1 &&
-		    c->bytes[0] <= SL_BRIEF_MAX_BYTES && c->bytes[1] <= SL_BRIEF_MAX_BYTES && !c->tcp_msgs[0] &&
-		    !c->tcp_msgs[1];
-	struct sl_dest_stat *s = bpf_map_lookup_elem(&sl_brief, &d);
-	if (!brief && !remote) {
-		if (s && state == SL_CONN_BYPASS)
-			bpf_map_delete_elem(&sl_brief, &d);
-		return;
-	}
-	if (!s) {
-		struct sl_dest_stat n = {.brief = 1, .remote = remote};
-		bpf_map_update_elem(&sl_brief, &d, &n, BPF_NOEXIST);
-		return;
-	}
-	s->remote = remote;
-	if (s->brief < SL_BRIEF_LEARN)
-		__sync_fetch_and_add(&s->brief, 1);
 }
 
 static __always_inline void on_active(struct bpf_sock_ops *skops)
@@ -895,102 +610,6 @@ static __always_inline int peer_backlogged(__u32 slot, __u32 peer_role)
 	if (limit < (int)backlog_limit)
 		limit = backlog_limit;
 	return queued > (__u32)limit;
-}
-
-/* The capture settings if this connection is being captured now; NULL
- * otherwise. With no capture running this is one array lookup. */
-static __always_inline struct sl_capture_cfg *capture_of(struct sl_conn *c)
-{
-	__u32 zero = 0;
-	struct sl_capture_cfg *cfg = bpf_map_lookup_elem(&sl_cap_settings, &zero);
-	if (!cfg || !cfg->until_ns)
-		return 0;
-	if (bpf_ktime_get_ns() >= cfg->until_ns)
-		return 0;
-	if (cfg->port && cfg->port != c->client.local_port && cfg->port != c->client.remote_port)
-		return 0;
-	if (cfg->netns && cfg->netns != c->client_netns && cfg->netns != c->server_netns)
-		return 0;
-	return cfg;
-}
-
-/* Whether the per-CPU token bucket lets one more message be captured. */
-static __always_inline int capture_allowed(struct sl_capture_cfg *cfg)
-{
-	if (!cfg->rate)
-		return 1;
-	__u32 zero = 0;
-	struct sl_cap_bucket *b = bpf_map_lookup_elem(&sl_cap_tokens, &zero);
-	if (!b)
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	__u64 elapsed = now - b->last_ns;
-	if (elapsed >= 1000000000ull) {
-		b->tokens = cfg->rate;
-		b->last_ns = now;
-	} else {
-		__u64 add = elapsed * cfg->rate / 1000000000ull;
-		if (add) {
-			b->tokens += add;
-			if (b->tokens > cfg->rate)
-				b->tokens = cfg->rate;
-			b->last_ns = now;
-		}
-	}
-	if (!b->tokens)
-		return 0;
-	b->tokens--;
-	return 1;
-}
-
-/* Copies the head of a bypassed message, with its connection and stream
- * offset, into the capture ring. */
-static __always_inline void capture(struct sk_msg_md *msg, struct sl_capture_cfg *cfg, struct sl_conn *c,
-				    struct sl_sock *st, __u32 dir, __u64 offset, __u32 len)
-{
-	if (!capture_allowed(cfg)) {
-		count(SL_C_CAPTURE_RATE_DROPS, 1);
-		return;
-	}
-	struct sl_cap_rec *r = bpf_ringbuf_reserve(&sl_capture, sizeof(*r), 0);
-	if (!r) {
-		count(SL_C_CAPTURE_LOST, 1);
-		return;
-	}
-	__u32 n = cfg->snap;
-	if (n > len)
-		n = len;
-	if (n > SL_CAP_SNAP_MAX - 1)
-		n = SL_CAP_SNAP_MAX - 1;
-	r->h.ts_ns = bpf_ktime_get_ns();
-	r->h.offset = offset;
-	if (dir == SL_ROLE_CLIENT) {
-		copy_ip(r->h.src_ip, c->client.local_ip);
-		copy_ip(r->h.dst_ip, c->client.remote_ip);
-		r->h.src_port = c->client.local_port;
-		r->h.dst_port = c->client.remote_port;
-	} else {
-		copy_ip(r->h.src_ip, c->client.remote_ip);
-		copy_ip(r->h.dst_ip, c->client.local_ip);
-		r->h.src_port = c->client.remote_port;
-		r->h.dst_port = c->client.local_port;
-	}
-	r->h.len = len;
-	r->h.slot = st->slot;
-	r->h.gen = st->gen;
-	r->h.dir = dir;
-	r->h.caplen = 0;
-	if (n) {
-		if ((long)msg->data + n > (long)msg->data_end)
-			bpf_msg_pull_data(msg, 0, n, 0);
-		void *data = msg->data;
-		void *end = msg->data_end;
-		n &= SL_CAP_SNAP_MAX - 1;
-		if (data + n <= end && !bpf_probe_read_kernel(r->data, n, data))
-			r->h.caplen = n;
-	}
-	bpf_ringbuf_submit(r, 0);
-	count(SL_C_CAPTURED, 1);
 }
 
 SEC("sk_msg")

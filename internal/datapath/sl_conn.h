@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: the connection table. A connection is a slot in sl_conns whose
+ * word holds generation, state and members; both sockets of a connection
+ * find each other through it. */
+#ifndef SL_CONN_H
+#define SL_CONN_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "sl_consts.h"
+#include "sl_structs.h"
+#include "sl_maps.h"
+#include "sl_event_maps.h"
+#include "sl_kernel.h"
+
+#define STATE_SHIFT 16
+#define GEN_SHIFT 32
+
+static __always_inline __u32 word_gen(__u64 w) { return w >> GEN_SHIFT; }
+static __always_inline __u32 word_state(__u64 w) { return (w >> STATE_SHIFT) & 0xffff; }
+static __always_inline __u32 word_members(__u64 w) { return w & 0xffff; }
+static __always_inline __u64 mkword(__u32 gen, __u32 state, __u32 members)
+{
+	return ((__u64)gen << GEN_SHIFT) | ((__u64)state << STATE_SHIFT) | members;
+}
+
+static __always_inline struct sl_counters *counters(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&sl_stats, &zero);
+}
+
+static __always_inline void count(enum sl_counter c, __u64 n)
+{
+	struct sl_counters *cnt = counters();
+	if (cnt && c < SL_C_MAX)
+		cnt->c[c] += n;
+}
+
+static __always_inline void copy_ip(__u32 *dst, const __u32 *src)
+{
+	dst[0] = src[0];
+	dst[1] = src[1];
+	dst[2] = src[2];
+	dst[3] = src[3];
+}
+
+/* Emits an event about connection c (src: the client, dst: the server)
+ * if a reader listens. */
+static __noinline void conn_event(struct sl_conn *c, __u32 type, __u32 reason, __u8 dir, __u8 role)
+{
+	int lost;
+	struct sl_event *e = event_reserve(&lost);
+	if (!e) {
+		if (lost)
+			count(SL_C_EVENTS_LOST, 1);
+		return;
+	}
+	e->type = type;
+	e->reason = reason;
+	e->dir = dir;
+	e->role = role;
+	e->proto = 6; /* IPPROTO_TCP */
+	e->netns = role == SL_ROLE_SERVER ? c->server_netns : c->client_netns;
+	copy_ip(e->src_ip, c->client.local_ip);
+	copy_ip(e->dst_ip, c->client.remote_ip);
+	e->src_port = c->client.local_port;
+	e->dst_port = c->client.remote_port;
+	e->bytes[0] = c->bytes[0] + c->tcp_bytes[0];
+	e->bytes[1] = c->bytes[1] + c->tcp_bytes[1];
+	e->msgs[0] = c->msgs[0] + c->tcp_msgs[0];
+	e->msgs[1] = c->msgs[1] + c->tcp_msgs[1];
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline __u32 sock_id(__u32 slot, __u32 role)
+{
+	return slot << 1 | role;
+}
+
+static __always_inline struct sock *member_sock(__u32 slot, __u32 role)
+{
+	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
+	if (!socks)
+		return 0;
+	/* Two loads at constant offsets: the verifier refuses a kptr load at
+	 * a computed one. */
+	struct sock *sk;
+	if (role == SL_ROLE_CLIENT) {
+		sk = socks->client;
+		asm volatile("" ::: "memory");
+	} else {
+		sk = socks->server;
+	}
+	return sk;
+}
+
+static __always_inline struct sl_conn *conn_of(__u32 slot)
+{
+	return bpf_map_lookup_elem(&sl_conns, &slot);
+}
+
+/* Moves the connection from PENDING to state (BYPASS or TCP), adding
+ * add_member to its members. Returns the state the connection is in after
+ * the attempt. */
+static __always_inline __u32 conn_decide(struct sl_conn *c, __u32 gen, __u32 state, __u32 add_member)
+{
+	__u64 old = c->word;
+	if (word_gen(old) != gen)
+		return SL_CONN_FREE;
+	if (word_state(old) != SL_CONN_PENDING)
+		return word_state(old);
+	__u64 new = mkword(gen, state, word_members(old) | add_member);
+	__u64 seen = __sync_val_compare_and_swap(&c->word, old, new);
+	if (seen == old)
+		return state;
+	/* Someone else moved it (members only change together with state, or
+	 * on close): report what it is now. */
+	if (word_gen(seen) != gen)
+		return SL_CONN_FREE;
+	return word_state(seen);
+}
+
+/* Drops role's membership; the last member returns the slot. */
+static __always_inline void conn_leave(struct sl_conn *c, __u32 slot, __u32 gen, __u32 role)
+{
+	__u32 bit = 1u << role;
+	for (int i = 0; i < 4; i++) {
+		__u64 old = c->word;
+		if (word_gen(old) != gen || !(word_members(old) & bit))
+			return;
+		__u32 members = word_members(old) & ~bit;
+		__u64 new = members ? mkword(gen, word_state(old), members)
+				    : mkword(gen + 1, SL_CONN_FREE, 0);
+		if (__sync_val_compare_and_swap(&c->word, old, new) == old) {
+			if (!members)
+				bpf_map_push_elem(&sl_conn_free, &slot, 0);
+			return;
+		}
+	}
+}
+
+static __always_inline void set_member_sock(struct bpf_sock *bsk, __u32 slot, __u32 role)
+{
+	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
+	if (!socks)
+		return;
+	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
+	if (role == SL_ROLE_CLIENT) {
+		socks->server = 0;
+		socks->client = sk;
+	} else {
+		socks->server = sk;
+	}
+}
+
+#endif /* SL_CONN_H */

@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: kernel types read through BTF (CO-RE), only the fields used,
+ * and what the datapath reads of a socket through them. */
+#ifndef SL_KERNEL_H
+#define SL_KERNEL_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+struct file {
+	unsigned int f_flags;
+} __attribute__((preserve_access_index));
+
+struct socket {
+	struct file *file;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	void *sk_user_data;
+	int sk_rcvbuf;
+	struct socket *sk_socket;
+} __attribute__((preserve_access_index));
+
+#define SL_O_NONBLOCK 04000
+
+/* msg_tot_len: bytes redirected into a socket and not yet read.
+ * apply_bytes: what is left of the socket's open verdict window.
+ * refcnt: 1 for the map, plus one per send or receive running on it. */
+struct refcount_struct {
+	struct {
+		int counter;
+	} refs;
+} __attribute__((preserve_access_index));
+
+struct sk_psock {
+	__u32 apply_bytes;
+	__u32 msg_tot_len;
+	struct refcount_struct refcnt;
+} __attribute__((preserve_access_index));
+
+/* Low bits of sk_user_data are flags (SK_USER_DATA_PTRMASK). */
+#define SL_USER_DATA_PTRMASK (~7UL)
+
+struct tcp_sock {
+	__u32 write_seq;
+} __attribute__((preserve_access_index));
+
+/* The read mode of a socket's file: 1 blocking, 0 non-blocking, -1 not
+ * known yet (an accepted socket before accept() returned it). */
+static __always_inline int sock_blocking(struct sock *sk)
+{
+	if (!sk)
+		return -1;
+	struct socket *so = sk->sk_socket;
+	if (!so)
+		return -1;
+	struct file *f = so->file;
+	if (!f)
+		return -1;
+	return !(f->f_flags & SL_O_NONBLOCK);
+}
+
+static __always_inline struct sk_psock *psock_of(struct sock *sk)
+{
+	if (!sk)
+		return 0;
+	return (struct sk_psock *)((unsigned long)sk->sk_user_data & SL_USER_DATA_PTRMASK);
+}
+
+/* Bytes redirected into sk and not yet read by its application. */
+static __always_inline __u32 queued_bytes(struct sock *sk)
+{
+	struct sk_psock *ps = psock_of(sk);
+	__u32 queued = 0;
+	if (ps)
+		bpf_core_read(&queued, sizeof(queued), &ps->msg_tot_len);
+	return queued;
+}
+
+/* Whether sk, the peer of a socket about to leave the map, might still
+ * redirect to it: under an open verdict window, or from a send already past
+ * its verdict (the kernel releases the sender's lock around the redirect,
+ * holding a reference on the sender's psock). Called only once the
+ * direction from sk is on TCP, so every verdict sk runs from now on passes
+ * to TCP. Any other reference (a receive in progress) also counts as busy:
+ * the caller retries at its next transmit. */
+static __always_inline int peer_may_redirect(struct sock *sk)
+{
+	struct sk_psock *ps = psock_of(sk);
+	if (!ps)
+		return 0;
+	__u32 left = 0;
+	int refs = 0;
+	bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
+	bpf_core_read(&refs, sizeof(refs), &ps->refcnt.refs.counter);
+	return left || refs > 1;
+}
+
+#endif /* SL_KERNEL_H */
