@@ -23,6 +23,7 @@
 #include "sl_lb_structs.h"
 #include "sl_lb_maps.h"
 #include "sl_event_maps.h"
+#include "sl_kernel.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -346,8 +347,17 @@ static __always_inline int untranslate(struct bpf_sock_addr *ctx, int v6, enum s
 		from6(ctx, &a);
 	else
 		from4(ctx, &a);
-	if (!(ctx->protocol == IPPROTO_TCP && reverse_tcp(ctx, &a)) && !reverse(ctx->sk, &a))
+	if (ctx->protocol == IPPROTO_TCP) {
+		/* connect4/6 asked every socket it translated for its cookie:
+		 * a socket without one (every accepted socket, at accept())
+		 * was not translated. */
+		if (!sock_has_cookie(ctx->sk))
+			return 1;
+		if (!reverse_tcp(ctx, &a) && !reverse(ctx->sk, &a))
+			return 1;
+	} else if (!reverse(ctx->sk, &a)) {
 		return 1;
+	}
 	if (v6)
 		to6(ctx, &a);
 	else
@@ -384,11 +394,14 @@ SEC("cgroup/sock_release")
 int sl_sock_release(struct bpf_sock *sk)
 {
 	/* A translated UDP socket has load balancer storage (remember() runs
-	 * before track()), a TCP one an entry in sl_lb_conns. Every other
-	 * socket leaves at one lookup, which takes no lock, instead of a
-	 * delete in the shared table, which does. */
+	 * before track()), a TCP one a cookie and an entry in sl_lb_conns.
+	 * Every other socket leaves without creating a cookie, and at most
+	 * one lookup, which takes no lock, instead of a delete in the shared
+	 * table, which does. */
 	__u64 cookie;
 	if (sk->protocol == IPPROTO_TCP) {
+		if (!sock_has_cookie(sk))
+			return 1;
 		cookie = bpf_get_socket_cookie(sk);
 		if (!bpf_map_lookup_elem(&sl_lb_conns, &cookie))
 			return 1;

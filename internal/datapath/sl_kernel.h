@@ -16,7 +16,14 @@ struct socket {
 	struct file *file;
 } __attribute__((preserve_access_index));
 
+struct sock_common {
+	struct {
+		__s64 counter;
+	} skc_cookie;
+} __attribute__((preserve_access_index));
+
 struct sock {
+	struct sock_common __sk_common;
 	void *sk_user_data;
 	int sk_rcvbuf;
 	struct socket *sk_socket;
@@ -95,6 +102,29 @@ static __always_inline int peer_may_redirect(struct sock *sk)
 	bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
 	bpf_core_read(&refs, sizeof(refs), &ps->refcnt.refs.counter);
 	return left || refs > 1;
+}
+
+/* Bytes copied from the head of a socket to find its cookie (in
+ * sock_common, at 88 bytes on 6.18). */
+#define SL_SOCK_HEAD 128
+
+/* Whether the kernel ever gave sk a cookie. bpf_get_socket_cookie creates
+ * one (a global sequence and a compare-and-swap on a socket that is
+ * usually cold); this only reads. A bpf_sock cannot be turned into a
+ * struct sock in cgroup sock programs, nor offset, so the head of the
+ * socket is copied to the stack and the cookie read there at its BTF
+ * offset. Returns 1 when it cannot tell. */
+static __always_inline int sock_has_cookie(const void *sk)
+{
+	__u8 head[SL_SOCK_HEAD];
+	__u32 off = bpf_core_field_offset(struct sock, __sk_common.skc_cookie);
+	if (off > SL_SOCK_HEAD - sizeof(__s64))
+		return 1;
+	if (bpf_probe_read_kernel(head, off + sizeof(__s64), sk))
+		return 1;
+	__s64 cookie;
+	__builtin_memcpy(&cookie, head + off, sizeof(cookie));
+	return cookie != 0;
 }
 
 #endif /* SL_KERNEL_H */

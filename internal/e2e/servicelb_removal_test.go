@@ -301,6 +301,10 @@ func TestServiceTrackedPrune(t *testing.T) {
 	if len(r.Errors) > 0 || r.PeerMismatch != 0 {
 		t.Errorf("after the prune: errors %v, %d peers other than the VIP", r.Errors, r.PeerMismatch)
 	}
+	// The probe's sockets closed while attached: released, forgotten.
+	if got := trackedSockets(t, lb.in); got != base+n {
+		t.Errorf("tracked sockets %d after 20 translated sockets closed, want %d", got, base+n)
+	}
 	checkRemoval(t, []*holder{live}, "be0", func() map[string]float64 {
 		return lb.applyJSON(t, fmt.Sprintf(removalServices, fmt.Sprintf("      - {ip: %s}\n", be1.IPv4)))
 	})
