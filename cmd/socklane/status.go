@@ -82,7 +82,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "%s\t%d\n", k, rep.Counters[k])
 			}
 			for _, b := range rep.Brief {
-				fmt.Fprintf(w, "brief destination\t%s\tnetns %d\tin a row %d\tskipped %d\n", b.Dest, b.NetNS, b.InARow, b.Skipped)
+				fmt.Fprintf(w, "brief destination\t%s\tnetns %d\tin a row %d\tskipped %d\tprobe 1 in %d\n", b.Dest, b.NetNS, b.InARow, b.Skipped, b.ProbeEvery)
 			}
 			fmt.Fprintf(w, "lb tracked sockets\t%d\n", rep.TrackedSockets)
 			for _, k := range slices.Sorted(maps.Keys(rep.LBCounters)) {

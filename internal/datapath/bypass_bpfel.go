@@ -116,11 +116,14 @@ type bypassSlDest struct {
 }
 
 type bypassSlDestStat struct {
-	_       structs.HostLayout
-	Brief   uint32
-	Skipped uint32
-	Remote  uint32
-	Pad     uint32
+	_        structs.HostLayout
+	Brief    uint32
+	Skipped  uint32
+	Remote   uint32
+	Every    uint32
+	Since    uint32
+	Pad      uint32
+	JoinedNs uint64
 }
 
 type bypassSlEvent struct {

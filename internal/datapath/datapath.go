@@ -38,7 +38,8 @@ type Config struct {
 	// BypassBrief bypasses every connection. Off by default: connections
 	// to a destination whose recent connections from the same network
 	// namespace were brief (one send each way, then close) stay on TCP,
-	// where they are cheaper; one in SL_BRIEF_PROBE still joins.
+	// where they are cheaper; probes still join, one in SL_BRIEF_PROBE
+	// at first, backing off to one in SL_BRIEF_PROBE_MAX.
 	BypassBrief bool
 	// VerdictWindow: a send smaller than this many bytes redirects under
 	// one verdict for the next VerdictWindow bytes, which the kernel then

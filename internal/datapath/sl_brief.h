@@ -19,9 +19,11 @@ static __always_inline void dest_of(struct sl_dest *d, const struct sl_tuple *t,
 
 /* Whether a new client connection to t's destination stays on TCP: the
  * destination's last SL_BRIEF_LEARN connections from this namespace were
- * brief, or found no managed server. Every SL_BRIEF_PROBE-th still joins,
- * so that a destination that changed is seen again. Returns the counter to
- * charge, or 0 to join. */
+ * brief, or found no managed server. Probes still join, so that a
+ * destination that changed is seen again (see SL_BRIEF_PROBE in
+ * sl_consts.h); each one doubles the interval to the next, since a probe
+ * that finds the connection no longer brief forgets the destination
+ * anyway. Returns the counter to charge, or 0 to join. */
 static __always_inline __u32 brief_skip(const struct sl_tuple *t, __u64 netns)
 {
 	struct sl_dest d;
@@ -29,8 +31,16 @@ static __always_inline __u32 brief_skip(const struct sl_tuple *t, __u64 netns)
 	struct sl_dest_stat *s = bpf_map_lookup_elem(&sl_brief, &d);
 	if (!s || s->brief < SL_BRIEF_LEARN)
 		return 0;
-	if (__sync_fetch_and_add(&s->skipped, 1) % SL_BRIEF_PROBE == SL_BRIEF_PROBE - 1)
+	__u32 every = s->every < SL_BRIEF_PROBE ? SL_BRIEF_PROBE : s->every;
+	__u32 n = __sync_fetch_and_add(&s->since, 1) + 1;
+	__u64 now = bpf_ktime_get_ns();
+	if (n >= every || now - s->joined_ns >= SL_BRIEF_PROBE_NS) {
+		s->since = 0;
+		s->joined_ns = now;
+		s->every = every >= SL_BRIEF_PROBE_MAX / 2 ? SL_BRIEF_PROBE_MAX : every * 2;
 		return 0;
+	}
+	s->skipped++;
 	return s->remote ? SL_C_FALLBACK_NO_PEER : SL_C_FALLBACK_BRIEF;
 }
 
@@ -55,13 +65,16 @@ static __always_inline void brief_note(const struct sl_conn *c, __u32 state)
 		return;
 	}
 	if (!s) {
-		struct sl_dest_stat n = {.brief = 1, .remote = remote};
+		struct sl_dest_stat n = {
+			.brief = 1, .remote = remote, .every = SL_BRIEF_PROBE, .joined_ns = bpf_ktime_get_ns()};
 		bpf_map_update_elem(&sl_brief, &d, &n, BPF_NOEXIST);
 		return;
 	}
 	s->remote = remote;
-	if (s->brief < SL_BRIEF_LEARN)
+	if (s->brief < SL_BRIEF_LEARN) {
+		s->joined_ns = bpf_ktime_get_ns();
 		__sync_fetch_and_add(&s->brief, 1);
+	}
 }
 
 #endif /* SL_BRIEF_H */

@@ -68,11 +68,16 @@ enum sl_role {
 /* Connections not worth joining the bypass: brief ones (at most one send
  * each way, of at most SL_BRIEF_MAX_BYTES) and those whose server never
  * joined. SL_BRIEF_LEARN of them in a row to one destination (from one
- * network namespace) leave its next connections on TCP, all but one in
- * SL_BRIEF_PROBE, which still joins to keep learning. */
+ * network namespace) leave its next connections on TCP, but for probes that
+ * still join to keep learning: one in SL_BRIEF_PROBE at first, one in twice
+ * as many after each probe, up to one in SL_BRIEF_PROBE_MAX, and at the
+ * latest the first connection SL_BRIEF_PROBE_NS after the last one joined.
+ * A probe that is not brief forgets the destination. */
 #define SL_BRIEF_MAX_BYTES 16384
 #define SL_BRIEF_LEARN 4
 #define SL_BRIEF_PROBE 16
+#define SL_BRIEF_PROBE_MAX 1024
+#define SL_BRIEF_PROBE_NS 1000000000ull
 #define SL_MAX_BRIEF 65536 /* destinations remembered (LRU) */
 
 #define SL_NO_SLOT 0xffffffffu

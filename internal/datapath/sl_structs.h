@@ -34,10 +34,13 @@ struct sl_dest {
 
 /* What the datapath learned of a destination's connections. */
 struct sl_dest_stat {
-	__u32 brief;   /* connections in a row not worth joining (saturates at SL_BRIEF_LEARN) */
-	__u32 skipped; /* connections left on TCP since (every SL_BRIEF_PROBE-th joins) */
-	__u32 remote;  /* the last of them found no managed server (else: it was brief) */
+	__u32 brief;    /* connections in a row not worth joining (saturates at SL_BRIEF_LEARN) */
+	__u32 skipped;  /* connections left on TCP since */
+	__u32 remote;   /* the last of them found no managed server (else: it was brief) */
+	__u32 every;    /* one connection in this many joins as a probe */
+	__u32 since;    /* connections left on TCP since the last probe */
 	__u32 pad;
+	__u64 joined_ns; /* when the last connection joined (learning or probing) */
 };
 
 /* Where a client's connection lives in sl_conns. */

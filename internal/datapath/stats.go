@@ -210,6 +210,10 @@ type BriefDest struct {
 	InARow  uint32 `json:"in_a_row"`
 	Skipped uint32 `json:"skipped"` // connections left on TCP since
 	NoPeer  bool   `json:"no_peer"` // the last one found no managed server
+	// ProbeEvery: one connection in this many still joins, as a probe
+	// (doubling from SL_BRIEF_PROBE after each probe; at the latest one
+	// second after the last connection that joined).
+	ProbeEvery uint32 `json:"probe_every"`
 }
 
 // BriefDests reads what the datapath learned of brief connections.
@@ -219,6 +223,7 @@ func (d *Datapath) BriefDests() ([]BriefDest, error) {
 		out = append(out, BriefDest{
 			Dest:  netip.AddrPortFrom(addrOf(k.Ip), uint16(k.Port)),
 			NetNS: k.Netns, InARow: v.Brief, Skipped: v.Skipped, NoPeer: v.Remote != 0,
+			ProbeEvery: v.Every,
 		})
 	})
 	return out, err

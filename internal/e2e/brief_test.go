@@ -27,14 +27,16 @@ func briefDests(t *testing.T, in *testutil.Instance) []datapath.BriefDest {
 
 // TestBriefConnections: a client whose connections to a server are brief
 // (connect, one request and its echo, close) has them left on TCP once
-// SL_BRIEF_LEARN in a row were, all but one in SL_BRIEF_PROBE; a long
-// connection among those probes brings the bypass back. With
-// --brief-connections bypass every connection joins.
+// SL_BRIEF_LEARN in a row were, but for probes that back off: one in
+// SL_BRIEF_PROBE, then twice as many after each probe. A long connection
+// joins at the latest SL_BRIEF_PROBE_NS after the last probe and brings the
+// bypass back. With --brief-connections bypass every connection joins.
 func TestBriefConnections(t *testing.T) {
 	const (
-		conns     = 48
-		learn     = 4  // SL_BRIEF_LEARN
-		probe     = 16 // SL_BRIEF_PROBE
+		conns     = 240
+		learn     = 4                                  // SL_BRIEF_LEARN
+		probe     = 16                                 // SL_BRIEF_PROBE
+		probeWait = time.Second + 100*time.Millisecond // SL_BRIEF_PROBE_NS, and some
 		briefPort = 7400
 	)
 	for _, setting := range []string{"tcp", "bypass"} {
@@ -65,29 +67,32 @@ func TestBriefConnections(t *testing.T) {
 				return
 			}
 			// A connection's close is learned from after the next one
-			// may have started: a few more than learn join first.
+			// may have started: a few more than learn join first. Of
+			// the at least conns-learn-4 left, the 16th, 48th and 112th
+			// join as probes (the 240th may), and one more if the run
+			// took longer than SL_BRIEF_PROBE_NS. A probe every
+			// SL_BRIEF_PROBE connections would have joined 14.
+			const most = learn + 4 + 4 + 1
 			skipped, joined := d["fallback_brief"], d["conns_bypassed"]
-			if joined+skipped != conns || joined < learn || joined > learn+4+conns/probe {
+			if joined+skipped != conns || joined < learn+3 || joined > most {
 				t.Fatalf("%d connections bypassed and %d left on TCP as brief; want %d in all, %d to %d bypassed (%s)",
-					joined, skipped, conns, learn, learn+4+conns/probe, nonzero(d))
+					joined, skipped, conns, learn+3, most, nonzero(d))
 			}
 			bd := briefDests(t, in)
-			if len(bd) != 1 || bd[0].Dest != target || bd[0].InARow != learn || uint64(bd[0].Skipped) < skipped {
-				t.Fatalf("learned %+v; want %s, %d in a row, at least %d skipped", bd, target, learn, skipped)
+			if len(bd) != 1 || bd[0].Dest != target || bd[0].InARow != learn || uint64(bd[0].Skipped) < skipped ||
+				bd[0].ProbeEvery < 8*probe {
+				t.Fatalf("learned %+v; want %s, %d in a row, at least %d skipped, a probe in at least %d",
+					bd, target, learn, skipped, 8*probe)
 			}
 
-			// Long connections (200 round trips each): the first probe
-			// among them is bypassed, is not brief, and resets what the
-			// destination learned.
-			var probed bool
-			for i := 0; i < probe+1 && !probed; i++ {
-				before := in.Counters()
-				run(t, cli, time.Minute, in.Bin, "peer", "pingpong", target.String(), "--size", "64", "--count", "200", "--warmup", "0")
-				probed = testutil.Delta(before, in.Counters())["conns_bypassed"] == 1
-			}
-			if !probed {
-				t.Fatalf("no long connection was bypassed in %d tries", probe+1)
-			}
+			// A long connection (200 round trips) once SL_BRIEF_PROBE_NS
+			// passed without one joining: it joins as a probe, is not
+			// brief, and resets what the destination learned.
+			time.Sleep(probeWait)
+			before = in.Counters()
+			run(t, cli, time.Minute, in.Bin, "peer", "pingpong", target.String(), "--size", "64", "--count", "200", "--warmup", "0")
+			d = testutil.Delta(before, in.Counters())
+			mustEqual(t, d, "conns_bypassed", 1)
 			waitFor(t, func() bool { return len(briefDests(t, in)) == 0 })
 			before = in.Counters()
 			run(t, cli, time.Minute, in.Bin, "peer", "pingpong", target.String(), "--size", "64", "--count", "200", "--warmup", "0")
