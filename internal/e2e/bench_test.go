@@ -51,7 +51,7 @@ func TestBench(t *testing.T) {
 	if err != nil {
 		t.Fatalf("socklane bench: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "| bypass / TCP |") || !strings.Contains(string(out), "iptables-restore ms") ||
+	if !strings.Contains(string(out), "| bypass / TCP |") || !strings.Contains(string(out), "| bypass / TCP p50 |") || !strings.Contains(string(out), "iptables-restore ms") ||
 		!strings.Contains(string(out), "| 300 | not run |") || !strings.Contains(string(out), "ceiling: iptables / direct") {
 		t.Errorf("no Markdown table in the output:\n%s", out)
 	}
