@@ -31,13 +31,12 @@ static __always_inline __u32 brief_skip(const struct sl_tuple *t, __u64 netns)
 	struct sl_dest_stat *s = bpf_map_lookup_elem(&sl_brief, &d);
 	if (!s || s->brief < SL_BRIEF_LEARN)
 		return 0;
-	__u32 every = s->every < SL_BRIEF_PROBE ? SL_BRIEF_PROBE : s->every;
 	__u32 n = __sync_fetch_and_add(&s->since, 1) + 1;
 	__u64 now = bpf_ktime_get_ns();
-	if (n >= every || now - s->joined_ns >= SL_BRIEF_PROBE_NS) {
+	if (n >= s->every || now - s->joined_ns >= SL_BRIEF_PROBE_NS) {
 		s->since = 0;
 		s->joined_ns = now;
-		s->every = every >= SL_BRIEF_PROBE_MAX / 2 ? SL_BRIEF_PROBE_MAX : every * 2;
+		s->every = s->every >= SL_BRIEF_PROBE_MAX / 2 ? SL_BRIEF_PROBE_MAX : s->every * 2;
 		return 0;
 	}
 	s->skipped++;
