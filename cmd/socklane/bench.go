@@ -89,6 +89,7 @@ load balancer), and the programming time. Reports medians and ratios.`,
 	f.Uint32Var(&o.VerdictWindow, "verdict-window", datapath.DefaultVerdictWindow, "the bypass's verdict window in bytes (0: a verdict per send)")
 	f.StringVar(&ioMode, "io", string(peer.IOBlocking), "socket I/O of socklane's own clients and servers: blocking (one system call per operation, as qperf and netperf; what is timed is the kernel's path) or netpoll (Go's net package: epoll and goroutine wake-ups, as event-driven servers)")
 	f.BoolVar(&o.BypassBrief, "bypass-brief", false, "join every connection to the bypass, also those to destinations whose recent connections were brief (by default the datapath learns them and leaves them on TCP)")
+	f.BoolVar(&o.BPFStats, "bpf-stats", true, "turn on the kernel's BPF run-time statistics for the run and report each program's cost (they add two clock reads to every program run)")
 	f.StringSliceVar(&o.Scenarios, "scenarios", bench.Scenarios(), "scenarios: pod-to-pod, loopback, host-to-pod")
 	f.StringSliceVar(&o.Tools, "tools", bench.InstalledTools(), "external tools run pod to pod beside socklane's client: qperf, sockperf, iperf3 (default: those installed; \"\" for none)")
 	f.IntSliceVar(&o.ToolSizes, "tool-sizes", []int{1, 64, 1024, 16384, 65536}, "message sizes for the external tools")

@@ -105,8 +105,12 @@ type Options struct {
 	// BypassBrief joins every connection to the bypass, brief ones too
 	// (see datapath.Config).
 	BypassBrief bool
-	Progress    io.Writer // progress line (nil: none)
-	Log         *slog.Logger
+	// BPFStats turns on the kernel's BPF run-time statistics for the run
+	// and reports each program's cost. They cost two clock reads per
+	// program run, which a short connection's dozen runs notice.
+	BPFStats bool
+	Progress io.Writer // progress line (nil: none)
+	Log      *slog.Logger
 }
 
 // DefaultPlacements pins both ends to one CPU, then to two.
@@ -164,10 +168,12 @@ type Report struct {
 	Reps    int       `json:"reps"`
 	IO      peer.IO   `json:"io"`
 	// BypassBrief: brief connections joined the bypass (--bypass-brief).
-	BypassBrief bool              `json:"bypass_brief,omitempty"`
-	Scenarios   map[string]string `json:"scenarios"`
-	Cases       []*Case           `json:"cases"`
-	Programs    []ProgStat        `json:"programs,omitempty"`
+	BypassBrief bool `json:"bypass_brief,omitempty"`
+	// BPFStats: the kernel's BPF run-time statistics were on (Programs).
+	BPFStats  bool              `json:"bpf_stats"`
+	Scenarios map[string]string `json:"scenarios"`
+	Cases     []*Case           `json:"cases"`
+	Programs  []ProgStat        `json:"programs,omitempty"`
 }
 
 // Run sets up two pods, runs every case and returns the report.
@@ -285,15 +291,18 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 
-	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
-	if err != nil {
-		o.Log.Warn("BPF run-time statistics unavailable", "err", err)
-	} else {
-		defer stats.Close()
+	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief, Scenarios: map[string]string{}}
+	if o.BPFStats {
+		stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+		if err != nil {
+			o.Log.Warn("BPF run-time statistics unavailable", "err", err)
+		} else {
+			defer stats.Close()
+			rep.BPFStats = true
+		}
 	}
 	progBefore := progStats(dp)
 
-	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief, Scenarios: map[string]string{}}
 	for _, sc := range o.Scenarios {
 		rep.Scenarios[sc] = scenarioText[sc]
 	}
@@ -322,7 +331,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if _, err := dp.DetachAll(); err != nil {
 		return nil, err
 	}
-	rep.Programs = progDelta(progBefore, progStats(dp))
+	if rep.BPFStats {
+		rep.Programs = progDelta(progBefore, progStats(dp))
+	}
 	return rep, nil
 }
 

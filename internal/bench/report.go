@@ -43,6 +43,9 @@ func (r *Report) Markdown(w io.Writer) {
 	if r.BypassBrief {
 		fmt.Fprintln(w, "Every connection joined the bypass, brief ones too (--bypass-brief).")
 	}
+	if !r.BPFStats {
+		fmt.Fprintln(w, "BPF run-time statistics were off (--bpf-stats=false): no per-program cost is reported.")
+	}
 	for _, sc := range Scenarios() {
 		if d, ok := r.Scenarios[sc]; ok && slices.ContainsFunc(r.Cases, func(c *Case) bool { return c.Scenario == sc }) {
 			fmt.Fprintf(w, "Scenario %s: %s.\n", sc, d)

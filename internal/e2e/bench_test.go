@@ -98,8 +98,8 @@ func TestBench(t *testing.T) {
 			t.Errorf("nothing ran for %s", want)
 		}
 	}
-	if len(rep.Programs) == 0 {
-		t.Error("no BPF program statistics in the report")
+	if !rep.BPFStats || len(rep.Programs) == 0 {
+		t.Errorf("BPF run-time statistics on %v, %d programs in the report; want them on by default", rep.BPFStats, len(rep.Programs))
 	}
 	if rep.IO != peer.IOBlocking {
 		t.Errorf("report says socket I/O %q, want the default %q", rep.IO, peer.IOBlocking)
@@ -111,15 +111,16 @@ func TestBench(t *testing.T) {
 }
 
 // TestBenchNetpoll runs socklane's peers through Go's netpoller (the
-// event-driven way), with every connection joining the bypass, and checks that a bad --io is refused before anything
-// is set up.
+// event-driven way), with every connection joining the bypass and the BPF
+// run-time statistics off, and checks that a bad --io is refused before
+// anything is set up.
 func TestBenchNetpoll(t *testing.T) {
 	testutil.RequireRoot(t)
 	bin := testutil.Binary(t)
 	jsonPath := filepath.Join(t.TempDir(), "bench.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "bench", "--io", "netpoll", "--bypass-brief", "--measure", "latency,connect", "--scenarios", "pod-to-pod",
+	out, err := exec.CommandContext(ctx, bin, "bench", "--io", "netpoll", "--bypass-brief", "--bpf-stats=false", "--measure", "latency,connect", "--scenarios", "pod-to-pod",
 		"--sizes", "64", "--reps", "1", "--count", "100", "--connects", "20", "--tools", "", "--json", jsonPath).CombinedOutput()
 	if err != nil {
 		t.Fatalf("socklane bench --io netpoll: %v\n%s", err, out)
@@ -127,6 +128,9 @@ func TestBenchNetpoll(t *testing.T) {
 	rep := readReport(t, jsonPath)
 	if rep.IO != peer.IONetpoll || !rep.BypassBrief || len(rep.Cases) != 4 {
 		t.Fatalf("report: I/O %q, bypass brief %v, %d cases; want netpoll, true, 4", rep.IO, rep.BypassBrief, len(rep.Cases))
+	}
+	if rep.BPFStats || len(rep.Programs) > 0 || !strings.Contains(string(out), "statistics were off (--bpf-stats=false)") {
+		t.Errorf("--bpf-stats=false: report says statistics on %v with %d programs\n%s", rep.BPFStats, len(rep.Programs), out)
 	}
 	for _, c := range rep.Cases {
 		if s := c.Samples[bench.PathBypass]; len(s) != 1 || s[0].Redirected == 0 {
