@@ -124,6 +124,9 @@ type Sample struct {
 	MBps, MsgRate             float64 // throughput
 	Redirected                uint64  // messages the datapath redirected during the run
 	ProgramMs                 float64 `json:",omitempty"` // services: time to program them
+	// BacklogFallbacks: bypassed directions that moved to TCP during the
+	// run because their receiver fell behind (fallback_backlog).
+	BacklogFallbacks uint64 `json:",omitempty"`
 }
 
 // Case is one measurement at one size and placement, all repetitions.
@@ -536,6 +539,7 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 		return s, err
 	}
 	s.Redirected = after["redirect_msgs"] - before["redirect_msgs"]
+	s.BacklogFallbacks = after["fallback_backlog"] - before["fallback_backlog"]
 	switch {
 	case path == PathBypass && s.Redirected == 0:
 		return s, errors.New("bypass attached, yet no message was redirected")

@@ -82,6 +82,7 @@ func (r *Report) Markdown(w io.Writer) {
 	}
 	r.toolMarkdown(w)
 	r.servicesMarkdown(w)
+	r.fallbackMarkdown(w)
 	if len(r.Programs) > 0 {
 		fmt.Fprintln(w, "\n### BPF program cost (kernel run-time statistics over the whole run)")
 		fmt.Fprintln(w, "\n| program | runs | ns per run |")
@@ -93,6 +94,36 @@ func (r *Report) Markdown(w io.Writer) {
 }
 
 func programMs(s Sample) float64 { return s.ProgramMs }
+
+// fallbackMarkdown lists the bypass runs in which a connection left the
+// bypass because its receiver fell behind: the rest of those runs went
+// through TCP, and their ratio says so.
+func (r *Report) fallbackMarkdown(w io.Writer) {
+	header := false
+	for _, c := range r.Cases {
+		runs, dirs := 0, uint64(0)
+		for _, s := range c.Samples[PathBypass] {
+			if s.BacklogFallbacks > 0 {
+				runs++
+				dirs += s.BacklogFallbacks
+			}
+		}
+		if runs == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\n### Bypass runs that fell back to TCP (receiver behind by more than the backlog limit)")
+			fmt.Fprintln(w, "\n| measurement | size (B) | scenario | placement | runs | directions moved to TCP |")
+			fmt.Fprintln(w, "|---|---:|---|---|---:|---:|")
+			header = true
+		}
+		name := title(c.Kind)
+		if c.Tool != "" {
+			name = c.Tool + " " + c.Kind
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %d of %d | %d |\n", name, c.Size, c.Scenario, c.Placement, runs, len(c.Samples[PathBypass]), dirs)
+	}
+}
 
 // servicesMarkdown compares socklane's load balancer with kube-proxy's
 // iptables rules per number of services.

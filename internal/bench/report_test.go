@@ -1,0 +1,59 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestMarkdownNotes checks the report's notes that depend on what the run
+// saw: bypass runs that fell back to TCP, and run-time statistics left off.
+func TestMarkdownNotes(t *testing.T) {
+	stream := func(fallbacks ...uint64) *Case {
+		c := &Case{Kind: Throughput, Tool: Iperf3, Size: 16384, Placement: "same-cpu", Scenario: PodToPod, Samples: map[string][]Sample{}}
+		for _, f := range fallbacks {
+			c.Samples[PathTCP] = append(c.Samples[PathTCP], Sample{MBps: 1000})
+			c.Samples[PathBypass] = append(c.Samples[PathBypass], Sample{MBps: 900, Redirected: 10, BacklogFallbacks: f})
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name     string
+		rep      Report
+		want     []string
+		dontWant []string
+	}{
+		{
+			name:     "no fallback, statistics on",
+			rep:      Report{BPFStats: true, Cases: []*Case{stream(0, 0, 0)}},
+			want:     []string{"### iperf3 throughput, pod-to-pod, same-cpu"},
+			dontWant: []string{"fell back to TCP", "statistics were off"},
+		},
+		{
+			name: "fallback in two runs of three",
+			rep:  Report{BPFStats: true, Cases: []*Case{stream(1, 0, 2)}},
+			want: []string{"### Bypass runs that fell back to TCP", "| iperf3 throughput | 16384 | pod-to-pod | same-cpu | 2 of 3 | 3 |"},
+		},
+		{
+			name:     "statistics off",
+			rep:      Report{Cases: []*Case{stream(0)}},
+			want:     []string{"statistics were off (--bpf-stats=false)"},
+			dontWant: []string{"BPF program cost"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			tc.rep.Markdown(&b)
+			for _, s := range tc.want {
+				if !strings.Contains(b.String(), s) {
+					t.Errorf("missing %q in:\n%s", s, b.String())
+				}
+			}
+			for _, s := range tc.dontWant {
+				if strings.Contains(b.String(), s) {
+					t.Errorf("unexpected %q in:\n%s", s, b.String())
+				}
+			}
+		})
+	}
+}
