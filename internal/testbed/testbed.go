@@ -132,10 +132,30 @@ func (b *Bed) bridgeNetfilter() error {
 		}
 	}
 	rule := []string{"FORWARD", "-i", b.Bridge, "-o", b.Bridge, "-j", "ACCEPT"}
-	if err := run(append([]string{"iptables", "-I"}, rule...)...); err == nil {
-		b.cleanups = append(b.cleanups, func() error { return run(append([]string{"iptables", "-D"}, rule...)...) })
+	// The bridge name is ours alone while the bridge exists, so a rule
+	// for it already there was left by a bed that was killed: it goes.
+	dropForwardRule(rule)
+	if err := run(append([]string{"iptables", "-w", "-I"}, rule...)...); err == nil {
+		b.cleanups = append(b.cleanups, func() error {
+			if n := dropForwardRule(rule); n == 0 {
+				return fmt.Errorf("removing the FORWARD rule of %s: not found", b.Bridge)
+			}
+			return nil
+		})
 	}
 	return nil
+}
+
+// dropForwardRule deletes every copy of rule and returns how many it
+// deleted.
+func dropForwardRule(rule []string) int {
+	n := 0
+	for ; n < 100; n++ {
+		if run(append([]string{"iptables", "-w", "-D"}, rule...)...) != nil {
+			break
+		}
+	}
+	return n
 }
 
 // BridgeNetfilter reports whether bridged traffic goes through iptables.
