@@ -8,21 +8,30 @@ import (
 
 // settingsFlags are the datapath's load-time settings. They apply when the
 // command loads a new datapath; an adopted one keeps the settings it was
-// loaded with.
+// loaded with, and a flag given that asks for another value is refused.
 type settingsFlags struct {
 	backlog  uint32
 	blocking string
 	brief    string
 	window   uint32
+	cmd      *cobra.Command
 }
 
 func (s *settingsFlags) add(cmd *cobra.Command) {
-	cmd.Flags().Uint32Var(&s.backlog, "backlog-limit", 0, "receiver backlog in bytes above which a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)")
-	cmd.Flags().Uint32Var(&s.window, "verdict-window", datapath.DefaultVerdictWindow, "sends smaller than this many bytes redirect under one verdict for the next this-many bytes (0: a verdict per send)")
-	cmd.Flags().StringVar(&s.brief, "brief-connections", "tcp", "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass")
-	cmd.Flags().StringVar(&s.blocking, "blocking-sockets", "tcp", "connections with an end reading in blocking mode: tcp (the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN) or bypass")
+	s.cmd = cmd
+	cmd.Flags().Uint32Var(&s.backlog, agent.SettingBacklogLimit, 0, "receiver backlog in bytes above which a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)")
+	cmd.Flags().Uint32Var(&s.window, agent.SettingVerdictWindow, datapath.DefaultVerdictWindow, "sends smaller than this many bytes redirect under one verdict for the next this-many bytes (0: a verdict per send)")
+	cmd.Flags().StringVar(&s.brief, agent.SettingBriefConnections, "tcp", "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass")
+	cmd.Flags().StringVar(&s.blocking, agent.SettingBlockingSockets, "tcp", "connections with an end reading in blocking mode: tcp (the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN) or bypass")
 }
 
 func (s *settingsFlags) config(g *globals, cgroups []string) agent.Config {
-	return agent.Config{BPFFS: g.bpffs, PinName: g.name, Cgroups: cgroups, BacklogLimit: s.backlog, BlockingSockets: s.blocking, BriefConnections: s.brief, VerdictWindow: s.window}
+	var given []string
+	for _, name := range agent.SettingNames() {
+		if s.cmd != nil && s.cmd.Flags().Changed(name) {
+			given = append(given, name)
+		}
+	}
+	return agent.Config{BPFFS: g.bpffs, PinName: g.name, Cgroups: cgroups, BacklogLimit: s.backlog, BlockingSockets: s.blocking, BriefConnections: s.brief,
+		VerdictWindow: s.window, SettingsGiven: given}
 }

@@ -9,13 +9,16 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/spf13/cobra"
 )
 
 type statusReport struct {
-	PinDir      string                `json:"pin_dir"`
+	PinDir string `json:"pin_dir"`
+	// The settings the running datapath was loaded with.
+	Settings    datapath.Settings     `json:"settings"`
 	Attachments []datapath.Attachment `json:"attachments"`
 	Sockets     int                   `json:"bypassed_sockets"`
 	Counters    map[string]uint64     `json:"counters"`
@@ -43,6 +46,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 			}
 			defer dp.Close()
 			rep := statusReport{PinDir: dp.PinDir()}
+			if rep.Settings, err = dp.Settings(); err != nil {
+				return err
+			}
 			if rep.Attachments, err = dp.Attachments(); err != nil {
 				return err
 			}
@@ -74,6 +80,10 @@ func newStatusCmd(g *globals) *cobra.Command {
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "datapath\t%s\n", rep.PinDir)
+			flags := agent.SettingFlags(rep.Settings)
+			for _, name := range agent.SettingNames() {
+				fmt.Fprintf(w, "setting\t--%s %s\n", name, flags[name])
+			}
 			fmt.Fprintf(w, "bypassed sockets\t%d\n", rep.Sockets)
 			for _, a := range rep.Attachments {
 				fmt.Fprintf(w, "attached\t%s\tcgroup id %d\tlink %d\n", a.Path, a.CgroupID, a.LinkID)

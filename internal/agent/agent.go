@@ -40,6 +40,11 @@ type Config struct {
 	BriefConnections string
 	// VerdictWindow: see datapath.Config.
 	VerdictWindow uint32
+	// SettingsGiven names the settings above that the user gave
+	// (backlog-limit, blocking-sockets, brief-connections,
+	// verdict-window). A running datapath keeps the settings it was
+	// loaded with, so Start refuses given ones it does not have.
+	SettingsGiven []string
 	// ServicesFile, if set, is a YAML service file the agent applies at
 	// start and again whenever its content changes, checked every
 	// ServicesInterval (default DefaultServicesInterval).
@@ -197,8 +202,13 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
 		return nil, err
 	}
-	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), BacklogLimit: cfg.BacklogLimit, BypassBlocking: cfg.BlockingSockets == "bypass", BypassBrief: cfg.BriefConnections == "bypass", VerdictWindow: cfg.VerdictWindow})
+	dpCfg := cfg.datapathConfig()
+	dp, err := datapath.Open(dpCfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkAdopted(dp, dpCfg.Settings(), cfg.SettingsGiven); err != nil {
+		dp.Close()
 		return nil, err
 	}
 	log.Info("datapath ready", "pin_dir", dp.PinDir(), "adopted", dp.Adopted())

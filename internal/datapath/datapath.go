@@ -95,32 +95,11 @@ func loadSpec(cfg Config) (*ebpf.CollectionSpec, error) {
 			m.Pinning = ebpf.PinByName
 		}
 	}
-	limit := cfg.BacklogLimit
-	if limit == 0 {
-		limit = tcpRmemMax()
-	}
-	if err := spec.Variables["backlog_limit"].Set(limit); err != nil {
-		return nil, fmt.Errorf("setting backlog_limit: %w", err)
-	}
-	blockingTCP := uint32(1)
-	if cfg.BypassBlocking {
-		blockingTCP = 0
-	}
-	if err := spec.Variables["blocking_tcp"].Set(blockingTCP); err != nil {
-		return nil, fmt.Errorf("setting blocking_tcp: %w", err)
-	}
-	briefLearn := uint32(1)
-	if cfg.BypassBrief {
-		briefLearn = 0
-	}
-	if err := spec.Variables["brief_learn"].Set(briefLearn); err != nil {
-		return nil, fmt.Errorf("setting brief_learn: %w", err)
-	}
 	if cfg.VerdictWindow > MaxVerdictWindow {
 		return nil, fmt.Errorf("verdict window %d bytes is over the maximum of %d", cfg.VerdictWindow, MaxVerdictWindow)
 	}
-	if err := spec.Variables["verdict_window"].Set(cfg.VerdictWindow); err != nil {
-		return nil, fmt.Errorf("setting verdict_window: %w", err)
+	if err := cfg.Settings().set(spec); err != nil {
+		return nil, err
 	}
 	return spec, nil
 }

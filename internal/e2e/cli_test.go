@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -151,5 +153,69 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestSettingsFixedAtLoad: a running datapath keeps the settings it was
+// loaded with. status shows them; an attach that asks for others is
+// refused with the fix and attaches nothing; the same values, or none,
+// attach.
+func TestSettingsFixedAtLoad(t *testing.T) {
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	first, second := testutil.Pod(t, b, "first"), testutil.Pod(t, b, "second")
+	in.MustRun("attach", "--cgroup", first.Cgroup, "--verdict-window", "0", "--blocking-sockets", "bypass", "--backlog-limit", "2097152")
+	type attachment struct {
+		CgroupID uint64 `json:"cgroup_id"`
+	}
+	type status struct {
+		Settings struct {
+			BacklogLimit   uint32 `json:"backlog_limit"`
+			VerdictWindow  uint32 `json:"verdict_window"`
+			BypassBlocking bool   `json:"bypass_blocking"`
+			BypassBrief    bool   `json:"bypass_brief"`
+		} `json:"settings"`
+		Attachments []attachment `json:"attachments"`
+	}
+	read := func() status {
+		t.Helper()
+		var st status
+		if err := json.Unmarshal([]byte(in.MustRun("status", "-o", "json")), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	st := read()
+	if s := st.Settings; s.VerdictWindow != 0 || !s.BypassBlocking || s.BypassBrief || s.BacklogLimit != 2097152 {
+		t.Fatalf("status settings %+v, want what the first attach loaded", s)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string // refusal; "" attaches
+	}{
+		{[]string{"--verdict-window", "4096"}, "--verdict-window 4096: the datapath running in"},
+		{[]string{"--blocking-sockets", "tcp"}, "was loaded with --blocking-sockets bypass"},
+		{[]string{"--backlog-limit", "1048576"}, "was loaded with --backlog-limit 2097152"},
+		{[]string{"--verdict-window", "0", "--blocking-sockets", "bypass"}, ""},
+		{nil, ""},
+	} {
+		out, err := in.Run(append([]string{"attach", "--cgroup", second.Cgroup}, tc.args...)...)
+		attached := slices.Contains(read().Attachments, attachment{second.CgroupID})
+		if tc.want == "" {
+			if err != nil || !attached {
+				t.Errorf("attach %v: %v, attached %v: %s", tc.args, err, attached, out)
+			}
+			continue
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() == 0 || !strings.Contains(out, tc.want) || !strings.Contains(out, "socklane down") {
+			t.Errorf("attach %v: want a non-zero exit saying %q and the fix, got %v: %s", tc.args, tc.want, err, out)
+		}
+		if attached {
+			t.Errorf("attach %v was refused, yet the cgroup got attached", tc.args)
+		}
+	}
+	if s := read().Settings; s.VerdictWindow != 0 || !s.BypassBlocking || s.BacklogLimit != 2097152 {
+		t.Errorf("settings changed to %+v", s)
 	}
 }

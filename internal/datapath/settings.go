@@ -1,0 +1,132 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Settings are a datapath's load-time settings: the const volatile
+// globals of bypass.c, fixed when its programs load.
+type Settings struct {
+	// BacklogLimit in bytes (Config.BacklogLimit, 0 resolved).
+	BacklogLimit   uint32 `json:"backlog_limit"`
+	VerdictWindow  uint32 `json:"verdict_window"`
+	BypassBlocking bool   `json:"bypass_blocking"`
+	BypassBrief    bool   `json:"bypass_brief"`
+}
+
+// Settings returns what a datapath loaded with cfg gets.
+func (cfg Config) Settings() Settings {
+	s := Settings{BacklogLimit: cfg.BacklogLimit, VerdictWindow: cfg.VerdictWindow, BypassBlocking: cfg.BypassBlocking, BypassBrief: cfg.BypassBrief}
+	if s.BacklogLimit == 0 {
+		s.BacklogLimit = tcpRmemMax()
+	}
+	return s
+}
+
+// words maps each setting to its global's value (the program-side
+// encoding: blocking_tcp and brief_learn are the negations).
+func (s *Settings) words(vs *bypassVariableSpecs) []struct {
+	spec *ebpf.VariableSpec
+	word uint32
+} {
+	return []struct {
+		spec *ebpf.VariableSpec
+		word uint32
+	}{
+		{vs.BacklogLimit, s.BacklogLimit},
+		{vs.VerdictWindow, s.VerdictWindow},
+		{vs.BlockingTcp, boolWord(!s.BypassBlocking)},
+		{vs.BriefLearn, boolWord(!s.BypassBrief)},
+	}
+}
+
+func boolWord(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// set writes s into the globals of spec.
+func (s Settings) set(spec *ebpf.CollectionSpec) error {
+	var vs bypassVariableSpecs
+	if err := spec.Assign(&vs); err != nil {
+		return fmt.Errorf("finding the datapath's settings: %w", err)
+	}
+	for _, w := range s.words(&vs) {
+		if err := w.spec.Set(w.word); err != nil {
+			return fmt.Errorf("setting %s: %w", w.spec.Name, err)
+		}
+	}
+	return nil
+}
+
+// Settings reads the settings the running datapath was loaded with, from
+// the read-only data of its sl_msg program (an adopted datapath may have
+// been loaded by another command with other flags).
+func (d *Datapath) Settings() (Settings, error) {
+	spec, err := loadBypass()
+	if err != nil {
+		return Settings{}, fmt.Errorf("loading embedded BPF object: %w", err)
+	}
+	var vs bypassVariableSpecs
+	if err := spec.Assign(&vs); err != nil {
+		return Settings{}, fmt.Errorf("finding the datapath's settings: %w", err)
+	}
+	data, err := d.rodata(spec.Maps[vs.VerdictWindow.SectionName])
+	if err != nil {
+		return Settings{}, err
+	}
+	var s Settings
+	words := s.words(&vs)
+	got := make([]uint32, len(words))
+	for i, w := range words {
+		end := int(w.spec.Offset) + 4
+		if w.spec.Size() != 4 || end > len(data) {
+			return Settings{}, fmt.Errorf("reading %s: not a 4-byte global inside %d bytes of read-only data", w.spec.Name, len(data))
+		}
+		got[i] = binary.NativeEndian.Uint32(data[w.spec.Offset:end])
+	}
+	s.BacklogLimit, s.VerdictWindow = got[0], got[1]
+	s.BypassBlocking, s.BypassBrief = got[2] == 0, got[3] == 0
+	return s, nil
+}
+
+// rodata finds the read-only data map sl_msg runs with (the one shaped
+// like want) and returns its contents.
+func (d *Datapath) rodata(want *ebpf.MapSpec) ([]byte, error) {
+	if want == nil {
+		return nil, errors.New("the datapath object has no read-only data")
+	}
+	info, err := d.objs.SlMsg.Info()
+	if err != nil {
+		return nil, fmt.Errorf("reading sl_msg's info: %w", err)
+	}
+	ids, ok := info.MapIDs()
+	if !ok {
+		return nil, errors.New("the kernel does not list a program's maps")
+	}
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		mi, err := m.Info()
+		if err != nil || mi.Type != ebpf.Array || mi.ValueSize != want.ValueSize || mi.MaxEntries != 1 || mi.Name != want.Name {
+			m.Close()
+			continue
+		}
+		data := make([]byte, mi.ValueSize)
+		err = m.Lookup(uint32(0), &data)
+		m.Close()
+		if err != nil {
+			return nil, fmt.Errorf("reading sl_msg's read-only data: %w", err)
+		}
+		return data, nil
+	}
+	return nil, errors.New("sl_msg runs without the read-only data its settings live in")
+}
