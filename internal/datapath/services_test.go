@@ -18,11 +18,17 @@ import (
 
 func testDatapath(t *testing.T) *Datapath {
 	t.Helper()
+	return testDatapathWith(t, Config{PinDir: filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-dp-%d", os.Getpid()))})
+}
+
+// testDatapathWith loads a datapath with cfg, removed when the test ends.
+func testDatapathWith(t *testing.T, cfg Config) *Datapath {
+	t.Helper()
 	testutil.RequireRoot(t)
 	if err := bpffs.Ensure("/sys/fs/bpf"); err != nil {
 		t.Fatal(err)
 	}
-	dp, err := Open(Config{PinDir: filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-dp-%d", os.Getpid()))})
+	dp, err := Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,19 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/socklane/socklane/internal/bpffs"
-	"github.com/socklane/socklane/internal/testutil"
 )
 
 // TestSettingsReadBack loads datapaths with different settings and reads
 // them back from the loaded programs, and again after adopting the pins
 // with other settings asked for (adoption keeps what was loaded).
 func TestSettingsReadBack(t *testing.T) {
-	testutil.RequireRoot(t)
-	if err := bpffs.Ensure("/sys/fs/bpf"); err != nil {
-		t.Fatal(err)
-	}
 	for i, want := range []Settings{
 		{BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow},
 		{BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: true},
@@ -27,16 +20,7 @@ func TestSettingsReadBack(t *testing.T) {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
 			cfg := Config{PinDir: dir, BacklogLimit: want.BacklogLimit, VerdictWindow: want.VerdictWindow, BypassBlocking: want.BypassBlocking, BypassBrief: want.BypassBrief}
-			dp, err := Open(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				dp.Close()
-				if err := dp.Remove(); err != nil {
-					t.Errorf("removing test datapath: %v", err)
-				}
-			})
+			dp := testDatapathWith(t, cfg)
 			if got, err := dp.Settings(); err != nil || got != want {
 				t.Fatalf("loaded: settings %+v, %v; want %+v", got, err, want)
 			}
