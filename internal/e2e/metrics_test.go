@@ -36,7 +36,7 @@ func TestAgentMetrics(t *testing.T) {
 	// Verdict window 0: every send is counted at its own verdict, so the
 	// byte counter is exact rather than up to one window behind.
 	agent := exec.Command(in.Bin, "--name", in.Name, "agent", "--cgroup", client.Cgroup, "--cgroup", server.Cgroup,
-		"--metrics-address", addr, "--bpf-stats", "--verdict-window", "0")
+		"--metrics-address", addr, "--bpf-stats", "--verdict-window", "0", "--backlog-limit", "67108864")
 	agent.Stdout, agent.Stderr = &logs, &logs
 	if err := agent.Start(); err != nil {
 		t.Fatal(err)
@@ -116,6 +116,11 @@ func TestAgentMetrics(t *testing.T) {
 	}
 	if after["socklane_bpf_program_runs_total,program=sl_msg"] == 0 || after["socklane_bpf_program_run_seconds_total,program=sl_msg"] <= 0 {
 		t.Errorf("no BPF run-time statistics for sl_msg with --bpf-stats")
+	}
+	for setting, want := range map[string]float64{"verdict_window_bytes": 0, "backlog_limit_bytes": 64 << 20, "bypass_blocking": 0, "bypass_brief": 0} {
+		if got, ok := after["socklane_datapath_setting,setting="+setting]; !ok || got != want {
+			t.Errorf("socklane_datapath_setting{setting=%q} = %v (present %v), want %v (the agent's flags and defaults)", setting, got, ok, want)
+		}
 	}
 	if after["socklane_collection_errors_total"] != 0 {
 		t.Errorf("collection errors: %v; agent log:\n%s", after["socklane_collection_errors_total"], logs.String())

@@ -18,6 +18,7 @@ type Source interface {
 	ServiceStats() (*datapath.LBStats, error)
 	TrackedSockets() (int, error)
 	Programs() []*ebpf.Program
+	Settings() (datapath.Settings, error)
 }
 
 // ServiceNames maps frontends (service.Frontend.String()) to the names of
@@ -132,6 +133,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		c.emit(ch, famProgRuns, float64(st.RunCount), info.Name)
 		c.emit(ch, famProgSeconds, st.Runtime.Seconds(), info.Name)
 	}
+	if s, err := c.src.Settings(); err != nil {
+		fail(err)
+	} else {
+		c.emit(ch, famSetting, float64(s.BacklogLimit), "backlog_limit_bytes")
+		c.emit(ch, famSetting, float64(s.VerdictWindow), "verdict_window_bytes")
+		c.emit(ch, famSetting, boolValue(s.BypassBlocking), "bypass_blocking")
+		c.emit(ch, famSetting, boolValue(s.BypassBrief), "bypass_brief")
+	}
 	if failed {
 		c.errors.Add(1)
 	}
@@ -157,4 +166,11 @@ func (c *Collector) collectServices(ch chan<- prometheus.Metric, st *datapath.LB
 		c.emit(ch, famLBRefused, float64(n), names[f], f)
 	}
 	return nil
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

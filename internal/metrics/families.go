@@ -45,6 +45,7 @@ var (
 	famProgRuns    = family{"bpf_program_runs_total", "Runs of each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famProgSeconds = family{"bpf_program_run_seconds_total", "Time spent in each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famCollectErr  = family{"collection_errors_total", "Scrapes in which some part of the datapath could not be read.", prometheus.CounterValue, nil}
+	famSetting     = family{"datapath_setting", "The settings the running datapath was loaded with, by setting: backlog_limit_bytes, verdict_window_bytes, bypass_blocking and bypass_brief (1: such connections join the bypass, 0: they stay on TCP).", prometheus.GaugeValue, []string{"setting"}}
 	famBuild       = family{"build_info", "Always 1; the labels tell the socklane version and the Go version it was built with.", prometheus.GaugeValue, []string{"version", "goversion"}}
 )
 
@@ -53,7 +54,7 @@ var families = []family{
 	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked,
-	famProgRuns, famProgSeconds, famCollectErr, famBuild,
+	famProgRuns, famProgSeconds, famSetting, famCollectErr, famBuild,
 }
 
 // counterRef places one BPF counter in a family, with its label value.

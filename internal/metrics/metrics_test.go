@@ -66,6 +66,9 @@ func (f *fakeSource) Sockets() (int, error)                    { return 4, nil }
 func (f *fakeSource) TrackedSockets() (int, error)             { return 2, nil }
 func (f *fakeSource) ServiceStats() (*datapath.LBStats, error) { return f.lb, nil }
 func (f *fakeSource) Programs() []*ebpf.Program                { return nil }
+func (f *fakeSource) Settings() (datapath.Settings, error) {
+	return datapath.Settings{BacklogLimit: 1 << 20, VerdictWindow: 4096, BypassBrief: true}, nil
+}
 
 func scrape(t *testing.T, c *Collector) (string, map[string]float64) {
 	t.Helper()
@@ -113,7 +116,11 @@ func TestCollector(t *testing.T) {
 		"socklane_lb_errors_total,error=conns_table":         1,
 		"socklane_lb_backend_selections_total,backend=198.18.1.2:8080,frontend=198.19.0.10:80/TCP,service=default/web": 9,
 		"socklane_lb_no_backend_total,frontend=198.19.0.10:80/TCP,service=default/web":                                 5,
-		"socklane_collection_errors_total": 0,
+		"socklane_datapath_setting,setting=backlog_limit_bytes":                                                        1 << 20,
+		"socklane_datapath_setting,setting=verdict_window_bytes":                                                       4096,
+		"socklane_datapath_setting,setting=bypass_blocking":                                                            0,
+		"socklane_datapath_setting,setting=bypass_brief":                                                               1,
+		"socklane_collection_errors_total":                                                                             0,
 	} {
 		if got, ok := vals[key]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v\n%s", key, got, ok, want, text)
