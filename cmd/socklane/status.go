@@ -17,8 +17,9 @@ import (
 
 type statusReport struct {
 	PinDir string `json:"pin_dir"`
-	// The settings the running datapath was loaded with.
-	Settings    datapath.Settings     `json:"settings"`
+	// The settings the running datapath was loaded with (nil: they could
+	// not be read, e.g. from a datapath an older socklane loaded).
+	Settings    *datapath.Settings    `json:"settings,omitempty"`
 	Attachments []datapath.Attachment `json:"attachments"`
 	Sockets     int                   `json:"bypassed_sockets"`
 	Counters    map[string]uint64     `json:"counters"`
@@ -46,8 +47,10 @@ func newStatusCmd(g *globals) *cobra.Command {
 			}
 			defer dp.Close()
 			rep := statusReport{PinDir: dp.PinDir()}
-			if rep.Settings, err = dp.Settings(); err != nil {
-				return err
+			if st, err := dp.Settings(); err != nil {
+				g.logger(cmd.ErrOrStderr()).Warn("the running datapath's settings cannot be read", "err", err)
+			} else {
+				rep.Settings = &st
 			}
 			if rep.Attachments, err = dp.Attachments(); err != nil {
 				return err
@@ -80,9 +83,11 @@ func newStatusCmd(g *globals) *cobra.Command {
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "datapath\t%s\n", rep.PinDir)
-			flags := agent.SettingFlags(rep.Settings)
-			for _, name := range agent.SettingNames() {
-				fmt.Fprintf(w, "setting\t--%s %s\n", name, flags[name])
+			if rep.Settings != nil {
+				flags := agent.SettingFlags(*rep.Settings)
+				for _, name := range agent.SettingNames() {
+					fmt.Fprintf(w, "setting\t--%s %s\n", name, flags[name])
+				}
 			}
 			fmt.Fprintf(w, "bypassed sockets\t%d\n", rep.Sockets)
 			for _, a := range rep.Attachments {

@@ -51,7 +51,8 @@ func checkAdopted(dp *datapath.Datapath, want datapath.Settings, given []string)
 	}
 	have, err := dp.Settings()
 	if err != nil {
-		return fmt.Errorf("reading the running datapath's settings: %w", err)
+		return fmt.Errorf("--%s: the settings of the datapath running in %s cannot be read to compare (%w): "+
+			"leave the settings flags out to use it as it is, or run `socklane down` and load it again", given[0], dp.PinDir(), err)
 	}
 	h, w := SettingFlags(have), SettingFlags(want)
 	for _, name := range given {
