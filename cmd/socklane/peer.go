@@ -92,7 +92,11 @@ func newPeerCmd() *cobra.Command {
 		return c
 	}
 	echo := listenCmd("echo", peer.Echo)
-	sink := listenCmd("sink", peer.Sink)
+	var sinkDelay time.Duration
+	sink := listenCmd("sink", func(ctx context.Context, addr string, mode peer.IO, ready func(string)) error {
+		return peer.SinkAfter(ctx, addr, mode, ready, sinkDelay)
+	})
+	sink.Flags().DurationVar(&sinkDelay, "delay", 0, "start reading each connection this long after accepting it")
 	var size, count, warmup int
 	var duration time.Duration
 	clientCmd := func(use string, run func(ctx context.Context, addr string) (any, error)) *cobra.Command {
@@ -129,10 +133,12 @@ func newPeerCmd() *cobra.Command {
 		return peer.PingPong(ctx, addr, mode, size, count, warmup)
 	})
 	pingpong.Flags().IntVar(&warmup, "warmup", 100, "round trips before measuring")
+	var interval time.Duration
 	stream := benchCmd("stream", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
-		return peer.Stream(ctx, addr, mode, size, duration, count)
+		return peer.StreamPaced(ctx, addr, mode, size, duration, count, interval)
 	})
 	stream.Flags().DurationVar(&duration, "duration", time.Second, "how long to send when --count is 0")
+	stream.Flags().DurationVar(&interval, "interval", 0, "pause after each write")
 	connects := benchCmd("connects", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
 		return peer.Connects(ctx, addr, mode, size, count)
 	})

@@ -19,7 +19,7 @@ type settingsFlags struct {
 
 func (s *settingsFlags) add(cmd *cobra.Command) {
 	s.cmd = cmd
-	cmd.Flags().Uint32Var(&s.backlog, agent.SettingBacklogLimit, 0, "receiver backlog in bytes above which a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)")
+	cmd.Flags().Uint32Var(&s.backlog, agent.SettingBacklogLimit, 0, "receiver backlog in bytes (at least the receiver's SO_RCVBUF) above which, for about 50 ms or at once above twice it, a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)")
 	cmd.Flags().Uint32Var(&s.window, agent.SettingVerdictWindow, datapath.DefaultVerdictWindow, "sends smaller than this many bytes redirect under one verdict for the next this-many bytes (0: a verdict per send)")
 	cmd.Flags().StringVar(&s.brief, agent.SettingBriefConnections, "tcp", "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass")
 	cmd.Flags().StringVar(&s.blocking, agent.SettingBlockingSockets, "tcp", "connections with an end reading in blocking mode: tcp (the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN) or bypass")

@@ -595,21 +595,38 @@ static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *
 		leave_for_blocking(st, c);
 }
 
-/* Whether the peer's receive queue is over the backlog limit: the kernel
- * charges redirected bytes to the receiver but never compares them with its
- * buffer, so without this a slow reader grows without bound. */
-static __always_inline int peer_backlogged(__u32 slot, __u32 peer_role)
+/* Whether the direction of st should leave the bypass because its peer
+ * is not reading: the kernel charges redirected bytes to the receiver but
+ * never compares them with its buffer, so without this a slow reader grows
+ * without bound. The limit is max(SO_RCVBUF, backlog_limit). A queue over
+ * it counts once it has stayed over for SL_BACKLOG_GRACE (a writer on its
+ * reader's CPU runs a scheduler slice ahead, tens of MiB at 64 KiB sends,
+ * and the reader then drains it), or at once over SL_BACKLOG_CAP times it.
+ * The time is read only while over the limit. */
+static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role)
 {
 	if (!backlog_limit)
 		return 0;
-	struct sock *peer = member_sock(slot, peer_role);
+	struct sock *peer = member_sock(st->slot, peer_role);
 	if (!peer)
 		return 0;
-	__u32 queued = queued_bytes(peer);
-	int limit = peer->sk_rcvbuf;
-	if (limit < (int)backlog_limit)
-		limit = backlog_limit;
-	return queued > (__u32)limit;
+	__u64 queued = queued_bytes(peer);
+	__u64 limit = backlog_limit;
+	int rcvbuf = peer->sk_rcvbuf;
+	if (rcvbuf > 0 && (__u64)rcvbuf > limit)
+		limit = rcvbuf;
+	if (queued <= limit) {
+		st->over_since = 0;
+		return 0;
+	}
+	if (queued > SL_BACKLOG_CAP * limit)
+		return 1;
+	__u32 now = (__u32)(bpf_ktime_get_ns() >> 20) | 1;
+	if (!st->over_since) {
+		st->over_since = now;
+		return 0;
+	}
+	return now - st->over_since > SL_BACKLOG_GRACE;
 }
 
 SEC("sk_msg")
@@ -645,7 +662,7 @@ int sl_msg(struct sk_msg_md *msg)
 	__u8 reason = 0;
 	if (st->path == SL_PATH_BYPASS) {
 		reason = SL_C_FALLBACK_BACKLOG;
-		if (!peer_backlogged(st->slot, dir ^ 1)) {
+		if (!peer_backlogged(st, dir ^ 1)) {
 			reason = SL_C_FALLBACK_PEER_GONE;
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
 				/* A captured connection gets a verdict per send, so

@@ -199,7 +199,7 @@ type bypassSlSock struct {
 	Checked   uint8
 	Pad       uint16
 	WinLeft   uint32
-	Pad2      uint32
+	OverSince uint32
 }
 
 type bypassSlTuple struct {

@@ -80,6 +80,13 @@ enum sl_role {
 #define SL_BRIEF_PROBE_NS 1000000000ull
 #define SL_MAX_BRIEF 65536 /* destinations remembered (LRU) */
 
+/* Receiver backlog (see peer_backlogged): a direction moves to TCP once its
+ * peer's queue has been over the limit for SL_BACKLOG_GRACE units of 2^20
+ * ns (about 50 ms: a sender on the reader's CPU queues one scheduler slice
+ * ahead, which then drains), or at once above SL_BACKLOG_CAP times it. */
+#define SL_BACKLOG_GRACE 48
+#define SL_BACKLOG_CAP 2
+
 #define SL_NO_SLOT 0xffffffffu
 #define SL_MAX_LISTENERS 16384
 

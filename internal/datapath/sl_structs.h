@@ -111,7 +111,8 @@ struct sl_sock {
 	__u8 checked;    /* this socket's file mode was looked at */
 	__u16 pad;
 	__u32 win_left;  /* bytes of the open verdict window not yet counted */
-	__u32 pad2;
+	__u32 over_since; /* when the peer's backlog went over the limit, in
+			   * units of 2^20 ns (| 1); 0 while under it */
 };
 
 /* Per-CPU counter block. */

@@ -138,10 +138,17 @@ func newBufPool() *sync.Pool {
 // Sink serves stream clients: it reads each connection to EOF with a large
 // buffer and answers with the byte count (8 bytes, big endian).
 func Sink(ctx context.Context, addr string, mode IO, ready func(string)) error {
+	return SinkAfter(ctx, addr, mode, ready, 0)
+}
+
+// SinkAfter is Sink, reading each connection only delay after accepting
+// it: its client's first bytes queue up meanwhile.
+func SinkAfter(ctx context.Context, addr string, mode IO, ready func(string), delay time.Duration) error {
 	bufs := newBufPool()
 	return serve(ctx, addr, mode, ready, func(c benchConn) {
 		buf := bufs.Get().(*[]byte)
 		defer bufs.Put(buf)
+		time.Sleep(delay)
 		var n uint64
 		for {
 			k, err := c.Read(*buf)
@@ -190,6 +197,11 @@ type Throughput struct {
 // Stream writes size-byte messages to a sink for d (or count messages if
 // count > 0), then half-closes and waits for the sink's byte count.
 func Stream(ctx context.Context, addr string, mode IO, size int, d time.Duration, count int) (Throughput, error) {
+	return StreamPaced(ctx, addr, mode, size, d, count, 0)
+}
+
+// StreamPaced is Stream with a pause of interval after each write.
+func StreamPaced(ctx context.Context, addr string, mode IO, size int, d time.Duration, count int, interval time.Duration) (Throughput, error) {
 	c, err := dial(ctx, addr, mode)
 	if err != nil {
 		return Throughput{}, err
@@ -208,6 +220,9 @@ func Stream(ctx context.Context, addr string, mode IO, size int, d time.Duration
 			return Throughput{}, fmt.Errorf("writing: %w", err)
 		}
 		msgs++
+		if interval > 0 {
+			time.Sleep(interval)
+		}
 	}
 	if err := c.CloseWrite(); err != nil {
 		return Throughput{}, fmt.Errorf("half-closing: %w", err)

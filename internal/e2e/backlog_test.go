@@ -1,0 +1,59 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// TestBacklogGrace: a receiver's queue may go over the backlog limit for a
+// moment (a writer on its reader's CPU queues a scheduler slice ahead)
+// without the connection leaving the bypass; over it for longer than the
+// grace, or over twice the limit, it moves to TCP, and every byte still
+// arrives. Limit 1 MiB; the sink starts reading only after --delay.
+func TestBacklogGrace(t *testing.T) {
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	in.Settings = []string{"--backlog-limit", "1048576"}
+	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+	in.Attach(srv, cli)
+	const msg = 64 << 10
+	for i, tc := range []struct {
+		name     string
+		delay    string // before the sink reads
+		count    int    // 64 KiB messages
+		interval string // between them
+		fallback uint64
+		// Bounds on the bytes redirected before the fallback, if any.
+		minRedirected, maxRedirected uint64
+	}{
+		// 1.5 MiB in a burst: over the limit for well under the grace.
+		{"burst under twice the limit", "30ms", 24, "0s", 0, 24 * msg, 24*msg + 64},
+		// 1.9 MiB, a message every 5 ms: over the limit from the 17th
+		// message, for longer than the grace before reaching twice it.
+		{"over the limit past the grace", "2s", 30, "5ms", 1, 17 * msg, 30*msg - 1},
+		// 2.5 MiB in a burst: over twice the limit at once.
+		{"over twice the limit", "300ms", 40, "0s", 1, 32 * msg, 34 * msg},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listen := fmt.Sprintf("0.0.0.0:%d", 7400+i)
+			start(t, srv, in.Bin, "peer", "sink", listen, "--delay", tc.delay)
+			waitPort(t, srv, listen)
+			before := in.Counters()
+			st := start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, 7400+i),
+				"--size", fmt.Sprint(msg), "--count", fmt.Sprint(tc.count), "--interval", tc.interval)
+			// stream fails unless the sink counted every byte sent.
+			if err := st.wait(t, time.Minute); err != nil {
+				t.Fatalf("stream: %v: %s", err, st.err.String())
+			}
+			d := testutil.Delta(before, in.Counters())
+			mustEqual(t, d, "fallback_backlog", tc.fallback)
+			// The sink's 8-byte count comes back through the bypass too.
+			if r := d["redirect_bytes"] - 8; r < tc.minRedirected || r > tc.maxRedirected {
+				t.Errorf("%d bytes redirected, want %d to %d (deltas: %v)", r, tc.minRedirected, tc.maxRedirected, nonzero(d))
+			}
+		})
+	}
+}
