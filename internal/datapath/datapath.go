@@ -61,6 +61,8 @@ type Datapath struct {
 	objs    bypassObjects
 	lb      servicelbObjects
 	adopted bool
+	// layout locates the settings in the programs' read-only data.
+	layout settingsLayout
 }
 
 // Pinned reports whether a datapath is pinned in dir.
@@ -110,6 +112,9 @@ func create(cfg Config) (*Datapath, error) {
 		return nil, err
 	}
 	d := &Datapath{cfg: cfg}
+	if d.layout, err = layoutOf(spec); err != nil {
+		return nil, err
+	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
 		var ve *ebpf.VerifierError
@@ -158,6 +163,9 @@ func adopt(cfg Config) (*Datapath, error) {
 		return nil, err
 	}
 	d := &Datapath{cfg: cfg, adopted: true}
+	if d.layout, err = layoutOf(spec); err != nil {
+		return nil, err
+	}
 	// Maps are reused from their pins by LoadAndAssign; programs are the
 	// pinned ones, so live sockets and attachments keep what they run.
 	mapsOnly := struct{ bypassMaps }{}

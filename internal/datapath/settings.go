@@ -53,11 +53,11 @@ func boolWord(b bool) uint32 {
 
 // set writes s into the globals of spec.
 func (s Settings) set(spec *ebpf.CollectionSpec) error {
-	var vs bypassVariableSpecs
-	if err := spec.Assign(&vs); err != nil {
-		return fmt.Errorf("finding the datapath's settings: %w", err)
+	l, err := layoutOf(spec)
+	if err != nil {
+		return err
 	}
-	for _, w := range s.words(&vs) {
+	for _, w := range s.words(&l.vars) {
 		if err := w.spec.Set(w.word); err != nil {
 			return fmt.Errorf("setting %s: %w", w.spec.Name, err)
 		}
@@ -65,24 +65,32 @@ func (s Settings) set(spec *ebpf.CollectionSpec) error {
 	return nil
 }
 
+// settingsLayout is where the settings' globals live: their variable
+// specs (offsets and sizes) and the read-only data map holding them.
+type settingsLayout struct {
+	vars   bypassVariableSpecs
+	rodata *ebpf.MapSpec
+}
+
+func layoutOf(spec *ebpf.CollectionSpec) (settingsLayout, error) {
+	var l settingsLayout
+	if err := spec.Assign(&l.vars); err != nil {
+		return l, fmt.Errorf("finding the datapath's settings: %w", err)
+	}
+	l.rodata = spec.Maps[l.vars.VerdictWindow.SectionName]
+	return l, nil
+}
+
 // Settings reads the settings the running datapath was loaded with, from
 // the read-only data of its sl_msg program (an adopted datapath may have
 // been loaded by another command with other flags).
 func (d *Datapath) Settings() (Settings, error) {
-	spec, err := loadBypass()
-	if err != nil {
-		return Settings{}, fmt.Errorf("loading embedded BPF object: %w", err)
-	}
-	var vs bypassVariableSpecs
-	if err := spec.Assign(&vs); err != nil {
-		return Settings{}, fmt.Errorf("finding the datapath's settings: %w", err)
-	}
-	data, err := d.rodata(spec.Maps[vs.VerdictWindow.SectionName])
+	data, err := d.rodata(d.layout.rodata)
 	if err != nil {
 		return Settings{}, err
 	}
 	var s Settings
-	words := s.words(&vs)
+	words := s.words(&d.layout.vars)
 	got := make([]uint32, len(words))
 	for i, w := range words {
 		end := int(w.spec.Offset) + 4
