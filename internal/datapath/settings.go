@@ -27,20 +27,33 @@ func (cfg Config) Settings() Settings {
 	return s
 }
 
-// words maps each setting to its global's value (the program-side
-// encoding: blocking_tcp and brief_learn are the negations).
-func (s *Settings) words(vs *bypassVariableSpecs) []struct {
+// globals are the settings as bypass.c holds them: blocking_tcp and
+// brief_learn are the negations of the bypass modes.
+type globals struct {
+	backlogLimit, verdictWindow, blockingTCP, briefLearn uint32
+}
+
+func (s Settings) globals() globals {
+	return globals{s.BacklogLimit, s.VerdictWindow, boolWord(!s.BypassBlocking), boolWord(!s.BypassBrief)}
+}
+
+func (g globals) settings() Settings {
+	return Settings{BacklogLimit: g.backlogLimit, VerdictWindow: g.verdictWindow, BypassBlocking: g.blockingTCP == 0, BypassBrief: g.briefLearn == 0}
+}
+
+// fields pairs each global's variable spec with its value in g.
+func (g *globals) fields(vs *bypassVariableSpecs) []struct {
 	spec *ebpf.VariableSpec
-	word uint32
+	v    *uint32
 } {
 	return []struct {
 		spec *ebpf.VariableSpec
-		word uint32
+		v    *uint32
 	}{
-		{vs.BacklogLimit, s.BacklogLimit},
-		{vs.VerdictWindow, s.VerdictWindow},
-		{vs.BlockingTcp, boolWord(!s.BypassBlocking)},
-		{vs.BriefLearn, boolWord(!s.BypassBrief)},
+		{vs.BacklogLimit, &g.backlogLimit},
+		{vs.VerdictWindow, &g.verdictWindow},
+		{vs.BlockingTcp, &g.blockingTCP},
+		{vs.BriefLearn, &g.briefLearn},
 	}
 }
 
@@ -57,9 +70,10 @@ func (s Settings) set(spec *ebpf.CollectionSpec) error {
 	if err != nil {
 		return err
 	}
-	for _, w := range s.words(&l.vars) {
-		if err := w.spec.Set(w.word); err != nil {
-			return fmt.Errorf("setting %s: %w", w.spec.Name, err)
+	g := s.globals()
+	for _, f := range g.fields(&l.vars) {
+		if err := f.spec.Set(*f.v); err != nil {
+			return fmt.Errorf("setting %s: %w", f.spec.Name, err)
 		}
 	}
 	return nil
@@ -89,19 +103,15 @@ func (d *Datapath) Settings() (Settings, error) {
 	if err != nil {
 		return Settings{}, err
 	}
-	var s Settings
-	words := s.words(&d.layout.vars)
-	got := make([]uint32, len(words))
-	for i, w := range words {
-		end := int(w.spec.Offset) + 4
-		if w.spec.Size() != 4 || end > len(data) {
-			return Settings{}, fmt.Errorf("reading %s: not a 4-byte global inside %d bytes of read-only data", w.spec.Name, len(data))
+	var g globals
+	for _, f := range g.fields(&d.layout.vars) {
+		end := int(f.spec.Offset) + 4
+		if f.spec.Size() != 4 || end > len(data) {
+			return Settings{}, fmt.Errorf("reading %s: not a 4-byte global inside %d bytes of read-only data", f.spec.Name, len(data))
 		}
-		got[i] = binary.NativeEndian.Uint32(data[w.spec.Offset:end])
+		*f.v = binary.NativeEndian.Uint32(data[f.spec.Offset:end])
 	}
-	s.BacklogLimit, s.VerdictWindow = got[0], got[1]
-	s.BypassBlocking, s.BypassBrief = got[2] == 0, got[3] == 0
-	return s, nil
+	return g.settings(), nil
 }
 
 // rodata finds the read-only data map sl_msg runs with (the one shaped
