@@ -91,7 +91,14 @@ func newPeerCmd() *cobra.Command {
 		c.Flags().StringVar(&ioMode, "io", string(peer.IONetpoll), ioUsage)
 		return c
 	}
-	echo := listenCmd("echo", peer.Echo)
+	var fastOpen int
+	echo := listenCmd("echo", func(ctx context.Context, addr string, mode peer.IO, ready func(string)) error {
+		if fastOpen > 0 {
+			return peer.EchoFastOpen(ctx, addr, fastOpen, ready)
+		}
+		return peer.Echo(ctx, addr, mode, ready)
+	})
+	echo.Flags().IntVar(&fastOpen, "fastopen", 0, "accept TCP Fast Open data in SYNs (queue length; netpoll only)")
 	var sinkDelay time.Duration
 	sink := listenCmd("sink", func(ctx context.Context, addr string, mode peer.IO, ready func(string)) error {
 		return peer.SinkAfter(ctx, addr, mode, ready, sinkDelay)
@@ -193,6 +200,94 @@ func newPeerCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause)
+	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
+		newPlantCmd(ctx), newVictimCmd(ctx), newFastOpenCmd(ctx))
 	return cmd
+}
+
+// newPlantCmd is the attacker of the connection-takeover tests.
+func newPlantCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+	var client, server, ports, mode string
+	var via uint16
+	var hold time.Duration
+	c := &cobra.Command{
+		Use:   "plant --client IP --server IP:PORT --ports A-B",
+		Short: "Plant client sockets with other connections' tuples (run in a network namespace of its own)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg := peer.PlantConfig{Mode: mode, ViaPort: via}
+			var err error
+			if cfg.Client, err = netip.ParseAddr(client); err != nil {
+				return fmt.Errorf("--client: %w", err)
+			}
+			if cfg.Server, err = netip.ParseAddrPort(server); err != nil {
+				return fmt.Errorf("--server: %w", err)
+			}
+			if cfg.Ports, err = peer.ParsePorts(ports); err != nil {
+				return fmt.Errorf("--ports: %w", err)
+			}
+			if mode != "dnat" && mode != "repair" {
+				return fmt.Errorf("--mode %q: want dnat or repair", mode)
+			}
+			ctx, stop := ctx()
+			defer stop()
+			ctx, cancel := context.WithTimeout(ctx, hold)
+			defer cancel()
+			return peer.Plant(ctx, cfg, os.Stdout, func(n int) { fmt.Fprintln(os.Stderr, "planted", n) })
+		},
+	}
+	c.Flags().StringVar(&client, "client", "", "the victim client's address")
+	c.Flags().StringVar(&server, "server", "", "the server's address and port")
+	c.Flags().StringVar(&ports, "ports", "", "client ports to plant (A-B)")
+	c.Flags().StringVar(&mode, "mode", "dnat", "dnat (netfilter sends the attacker's SYNs to --via-port) or repair (TCP_REPAIR sockets)")
+	c.Flags().Uint16Var(&via, "via-port", 9999, "where the attacker accepts its own connections in dnat mode")
+	c.Flags().DurationVar(&hold, "for", time.Minute, "hold the sockets this long")
+	return c
+}
+
+// newVictimCmd is the client of the connection-takeover tests.
+func newVictimCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+	var from, ports string
+	c := &cobra.Command{
+		Use:   "victim --from IP --ports A-B ADDR:PORT",
+		Short: "Connect from each port to an echo server and check every reply",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			addr, err := netip.ParseAddr(from)
+			if err != nil {
+				return fmt.Errorf("--from: %w", err)
+			}
+			list, err := peer.ParsePorts(ports)
+			if err != nil {
+				return fmt.Errorf("--ports: %w", err)
+			}
+			target, err := netip.ParseAddrPort(args[0])
+			if err != nil {
+				return err
+			}
+			ctx, stop := ctx()
+			defer stop()
+			return json.NewEncoder(os.Stdout).Encode(peer.Victim(ctx, addr, list, target))
+		},
+	}
+	c.Flags().StringVar(&from, "from", "", "this client's address")
+	c.Flags().StringVar(&ports, "ports", "", "client ports (A-B)")
+	return c
+}
+
+// newFastOpenCmd is the TCP Fast Open client of the ordering tests.
+func newFastOpenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+	var conns int
+	c := &cobra.Command{
+		Use:   "fastopen ADDR:PORT",
+		Short: "Connect with TCP Fast Open (data in the SYN, no cookie) and check the echo of two writes",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := ctx()
+			defer stop()
+			return json.NewEncoder(os.Stdout).Encode(peer.FastOpenClients(ctx, args[0], conns))
+		},
+	}
+	c.Flags().IntVar(&conns, "conns", 20, "connections, one after the other")
+	return c
 }

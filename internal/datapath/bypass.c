@@ -115,6 +115,8 @@ static __always_inline int tuple_of(struct bpf_sock_ops *skops, struct sl_tuple 
 	}
 	t->local_port = lport;
 	t->remote_port = bpf_ntohl(rport);
+	t->local_seq = skops->snd_nxt;
+	t->remote_seq = skops->rcv_nxt;
 	if (is_loopback(t->remote_ip))
 		t->netns = bpf_get_netns_cookie(skops);
 	return 0;
@@ -133,6 +135,8 @@ static __always_inline void reverse(const struct sl_tuple *in, struct sl_tuple *
 	out->remote_ip[3] = in->local_ip[3];
 	out->local_port = in->remote_port;
 	out->remote_port = in->local_port;
+	out->local_seq = in->remote_seq;
+	out->remote_seq = in->local_seq;
 	out->netns = in->netns;
 }
 
@@ -199,6 +203,20 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	if (!sk || tuple_of(skops, &t) < 0)
 		return;
 	count(SL_C_ESTABLISHED_ACTIVE, 1);
+	/* A client joins only after a real handshake: established by the
+	 * SYN-ACK, not by TCP_REPAIR (which lets a process choose both
+	 * sequence numbers without sending anything). */
+	if ((skops->skb_tcp_flags & (SL_TCPHDR_SYN | SL_TCPHDR_ACK)) != (SL_TCPHDR_SYN | SL_TCPHDR_ACK)) {
+		count(SL_C_FALLBACK_NO_HANDSHAKE, 1);
+		return;
+	}
+	/* Bytes sent with the SYN (TCP Fast Open), acknowledged or to be sent
+	 * again, went through TCP: the receiver would read redirected bytes
+	 * before them. Such a connection stays on TCP. */
+	if (skops->data_segs_out || skops->snd_una != skops->snd_nxt) {
+		count(SL_C_FALLBACK_EARLY_DATA, 1);
+		return;
+	}
 	__u64 netns = bpf_get_netns_cookie(skops);
 	__u32 skip = brief_learn ? brief_skip(&t, netns) : 0;
 	if (skip) {

@@ -99,12 +99,13 @@ const (
 	bypassSlCounterSL_C_CAPTURE_RATE_DROPS      bypassSlCounter = 23
 	bypassSlCounterSL_C_FALLBACK_BRIEF          bypassSlCounter = 24
 	bypassSlCounterSL_C_FALLBACK_NO_PEER        bypassSlCounter = 25
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 26
+	bypassSlCounterSL_C_FALLBACK_NO_HANDSHAKE   bypassSlCounter = 26
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 27
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [26]uint64
+	C [27]uint64
 }
 
 type bypassSlDest struct {
@@ -209,6 +210,8 @@ type bypassSlTuple struct {
 	Netns      uint64
 	LocalPort  uint16
 	RemotePort uint16
+	LocalSeq   uint32
+	RemoteSeq  uint32
 	Pad        uint32
 }
 

@@ -38,6 +38,7 @@ enum sl_counter {
 	SL_C_CAPTURE_RATE_DROPS,      /* messages not captured: over the capture rate limit */
 	SL_C_FALLBACK_BRIEF,          /* connections left on TCP: their destination's are brief */
 	SL_C_FALLBACK_NO_PEER,        /* connections left on TCP: their destination's found no managed server */
+	SL_C_FALLBACK_NO_HANDSHAKE,   /* clients established without a handshake (TCP_REPAIR): left on TCP */
 	SL_C_MAX,
 };
 
@@ -86,6 +87,9 @@ enum sl_role {
  * ahead, which then drains), or at once above SL_BACKLOG_CAP times it. */
 #define SL_BACKLOG_GRACE 48
 #define SL_BACKLOG_CAP 2
+
+#define SL_TCPHDR_SYN 0x02
+#define SL_TCPHDR_ACK 0x10
 
 #define SL_NO_SLOT 0xffffffffu
 #define SL_MAX_LISTENERS 16384

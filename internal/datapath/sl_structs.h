@@ -10,16 +10,26 @@
 #define __kptr_untrusted __attribute__((btf_type_tag("kptr_untrusted")))
 struct sock;
 
-/* A TCP endpoint pair as seen from one socket. Addresses are IPv6 or
+/* A TCP connection as seen from one of its sockets. Addresses are IPv6 or
  * IPv4-mapped IPv6 (network order), ports host order. netns is the network
  * namespace cookie when the peer is a loopback address, 0 otherwise: pod
- * addresses are unique on a node, loopback addresses are not. */
+ * addresses are unique on a node, loopback addresses are not.
+ *
+ * local_seq and remote_seq are the first sequence numbers after the
+ * handshake (each end's initial sequence number + 1), as this socket saw
+ * them when its connection was established. The two sockets of one
+ * connection see the same pair, reversed; a third socket cannot: the
+ * kernel picks each end's initial sequence number, and a client joins only
+ * after a real handshake (not TCP_REPAIR), so a tuple planted by another
+ * namespace never matches the server of someone else's connection. */
 struct sl_tuple {
 	__u32 local_ip[4];
 	__u32 remote_ip[4];
 	__u64 netns;
 	__u16 local_port;
 	__u16 remote_port;
+	__u32 local_seq;
+	__u32 remote_seq;
 	__u32 pad;
 };
 

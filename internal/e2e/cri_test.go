@@ -134,13 +134,3 @@ func TestCRIPods(t *testing.T) {
 }
 
 // waitForLog is waitFor that shows a process's log when it gives up.
-func waitForLog(t *testing.T, logs *lockedBuffer, f func() bool) {
-	t.Helper()
-	for i := 0; i < 200; i++ {
-		if f() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("condition never held; log:\n%s", logs.String())
-}

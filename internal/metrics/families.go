@@ -82,6 +82,7 @@ var bypassCounters = map[string]counterRef{
 	"fallback_blocking":       {famFallbacks, "blocking"},
 	"fallback_brief":          {famFallbacks, "brief"},
 	"fallback_no_peer":        {famFallbacks, "no_peer"},
+	"fallback_no_handshake":   {famFallbacks, "no_handshake"},
 	"evictions":               {famEvictions, ""},
 	"closed":                  {famClosed, ""},
 	"err_sockhash":            {famDPErrors, "sockhash"},

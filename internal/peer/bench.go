@@ -167,22 +167,25 @@ func SinkAfter(ctx context.Context, addr string, mode IO, ready func(string), de
 // written back.
 func Echo(ctx context.Context, addr string, mode IO, ready func(string)) error {
 	bufs := newBufPool()
-	return serve(ctx, addr, mode, ready, func(c benchConn) {
-		b := bufs.Get().(*[]byte)
-		defer bufs.Put(b)
-		buf := *b
-		for {
-			n, err := c.Read(buf)
-			if n > 0 {
-				if _, werr := c.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
+	return serve(ctx, addr, mode, ready, func(c benchConn) { echoConn(c, bufs) })
+}
+
+// echoConn writes back what it reads from c until c ends.
+func echoConn(c benchConn, bufs *sync.Pool) {
+	b := bufs.Get().(*[]byte)
+	defer bufs.Put(b)
+	buf := *b
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			if _, werr := c.Write(buf[:n]); werr != nil {
 				return
 			}
 		}
-	})
+		if err != nil {
+			return
+		}
+	}
 }
 
 // Throughput of one stream run.

@@ -1,7 +1,7 @@
 // Package testbed builds pods on this node the way a Kubernetes node has
 // them: a network namespace per pod, a veth pair into a node bridge (with
 // bridge-nf on), and a cgroup v2 directory per pod. Used by the tests, the demo
-// and the benchmarks. Addresses come from 198.18.0.0/16 (and 2001:2::/48).
+// and the benchmarks. Addresses come from 198.18.0.0/16 (and 2001:db8:18::/48, the documentation range).
 package testbed
 
 import (
@@ -113,7 +113,7 @@ func New() (*Bed, error) {
 }
 
 func v6(bed, host int) netip.Addr {
-	return netip.AddrFrom16([16]byte{0x20, 0x01, 0, 2, 0, byte(bed), 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(host)})
+	return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0x18, 0, byte(bed), 0, 0, 0, 0, 0, 0, 0, byte(host)})
 }
 
 // bridgeNetfilter makes bridged traffic traverse iptables, as on a
