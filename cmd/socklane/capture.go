@@ -60,11 +60,16 @@ over TCP is visible to tcpdump itself. One capture at a time.`,
 				return err
 			}
 			defer unlock()
-			f, err := os.Create(file)
+			// Other pods' payloads: readable by root only, also when
+			// the file existed.
+			f, err := os.OpenFile(file, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 			if err != nil {
 				return fmt.Errorf("creating %s: %w", file, err)
 			}
 			defer f.Close()
+			if err := f.Chmod(0o600); err != nil {
+				return fmt.Errorf("restricting %s to its owner: %w", file, err)
+			}
 			w, err := pcap.NewWriter(f)
 			if err != nil {
 				return err

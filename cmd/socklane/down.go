@@ -1,17 +1,19 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/bpffs"
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/spf13/cobra"
 )
 
 func newDownCmd(g *globals) *cobra.Command {
-	var force bool
+	var force, ignoreNotFound bool
 	var drain time.Duration
 	cmd := &cobra.Command{
 		Use:   "down",
@@ -31,6 +33,13 @@ application are dropped by the kernel.`,
 				return err
 			}
 			live, err := agent.Down(g.pinDir(), force, drain, g.logger(os.Stderr))
+			if errors.Is(err, datapath.ErrNotPinned) {
+				if ignoreNotFound {
+					fmt.Fprintf(cmd.ErrOrStderr(), "no socklane instance %q at %s: nothing to remove\n", g.name, g.pinDir())
+					return nil
+				}
+				return fmt.Errorf("no socklane instance %q on this node (nothing pinned at %s): check --name and --bpffs, or pass --ignore-not-found", g.name, g.pinDir())
+			}
 			if err != nil {
 				return err
 			}
@@ -44,6 +53,7 @@ application are dropped by the kernel.`,
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&ignoreNotFound, "ignore-not-found", false, "succeed when there is no instance to remove")
 	cmd.Flags().BoolVar(&force, "force", false, "remove at once, without waiting for bypassed connections to close")
 	cmd.Flags().DurationVar(&drain, "drain-timeout", time.Minute, "how long to wait for bypassed connections to close")
 	return cmd

@@ -81,7 +81,7 @@ func newRootCmd() *cobra.Command {
 			if g.output != "text" && g.output != "json" {
 				return fmt.Errorf("unknown output format %q: use -o text or -o json", g.output)
 			}
-			return nil
+			return datapath.CheckInstanceName(g.name)
 		},
 	}
 	root.PersistentFlags().StringVar(&g.bpffs, "bpffs", bpffs.DefaultPath, "bpf filesystem holding the pinned datapath")

@@ -377,9 +377,9 @@ func Down(dir string, force bool, drain time.Duration, log *slog.Logger) (int, e
 	if !datapath.Pinned(dir) {
 		if _, err := os.Stat(dir); err == nil {
 			// Partial state from an interrupted start.
-			return 0, os.RemoveAll(dir)
+			return 0, datapath.Pins(dir).Remove()
 		}
-		return 0, nil
+		return 0, fmt.Errorf("%w at %s", datapath.ErrNotPinned, dir)
 	}
 	// Through the pins only: a datapath pinned by another version is
 	// removable too.

@@ -20,6 +20,22 @@ const StateRoot = "/run/socklane"
 // StateDir is one datapath instance's state directory.
 func StateDir(name string) string { return filepath.Join(StateRoot, name) }
 
+// privateStateDir makes the instance's state directory, and StateRoot,
+// readable by root only (the applied services name every backend), also
+// when they exist already with other modes.
+func privateStateDir(name string) (string, error) {
+	dir := StateDir(name)
+	for _, d := range []string{StateRoot, dir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return "", fmt.Errorf("creating %s: %w", d, err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			return "", fmt.Errorf("restricting %s to root: %w", d, err)
+		}
+	}
+	return dir, nil
+}
+
 const servicesFile = "services.json"
 
 // ApplyServices programs the load balancer with an already validated set,
@@ -28,9 +44,9 @@ const servicesFile = "services.json"
 // Appliers of one instance (the agent's file watch, `svc apply`) take
 // turns through a lock file.
 func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapath.ApplyStats, error) {
-	dir := StateDir(name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return datapath.ApplyStats{}, fmt.Errorf("creating %s: %w", dir, err)
+	dir, err := privateStateDir(name)
+	if err != nil {
+		return datapath.ApplyStats{}, err
 	}
 	unlock, err := lockFile(filepath.Join(dir, "apply.lock"))
 	if err != nil {
@@ -57,7 +73,7 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapa
 		return st, err
 	}
 	tmp := filepath.Join(dir, servicesFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return st, fmt.Errorf("recording services: %w", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, servicesFile)); err != nil {
@@ -131,9 +147,9 @@ func lockFile(path string) (func(), error) {
 // Exclusive takes the instance's lock named what without waiting: the
 // event stream and the capture each have one reader at a time.
 func Exclusive(name, what string) (func(), error) {
-	dir := StateDir(name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", dir, err)
+	dir, err := privateStateDir(name)
+	if err != nil {
+		return nil, err
 	}
 	path := filepath.Join(dir, what+".lock")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)

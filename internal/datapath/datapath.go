@@ -81,6 +81,11 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating pin directory: %w", err)
 	}
+	// The maps hold every bypassed connection's addresses: root only,
+	// also for a directory made by someone else.
+	if err := os.Chmod(cfg.PinDir, 0o700); err != nil {
+		return nil, fmt.Errorf("restricting pin directory %s to root: %w", cfg.PinDir, err)
+	}
 	if Pinned(cfg.PinDir) {
 		return adopt(cfg)
 	}
@@ -126,7 +131,7 @@ func create(cfg Config) (*Datapath, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			_ = os.RemoveAll(d.cfg.PinDir)
+			_ = removeOwn(d.cfg.PinDir)
 			d.Close()
 		}
 	}()

@@ -134,17 +134,15 @@ func (p Pins) Sockets() (int, error) {
 	return n, nil
 }
 
-// Remove detaches and unpins everything. Live bypassed sockets lose the
+// Remove detaches and unpins socklane's objects, then the directory unless
+// another program pinned something in it. Live bypassed sockets lose the
 // bypass when the last handle goes: bytes they had queued but not yet read
 // are dropped by the kernel. Callers drain first unless forced.
 func (p Pins) Remove() error {
 	if _, err := p.DetachAll(); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(string(p)); err != nil {
-		return fmt.Errorf("removing %s: %w", string(p), err)
-	}
-	return nil
+	return removeOwn(string(p))
 }
 
 // PruneDefunct removes the attachments of cgroups that no longer exist (a

@@ -37,6 +37,10 @@ func TestBadInput(t *testing.T) {
 			return exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/", "--verdict-window", "4194304")
 		}, "--verdict-window 4194304: want at most"},
 		{"bad output", func() *exec.Cmd { return exec.Command(bin, "-o", "yaml", "status") }, "unknown output format"},
+		{"empty name", func() *exec.Cmd { return exec.Command(bin, "--name", "", "down", "--force") }, `--name "": an instance name is`},
+		{"name with a path", func() *exec.Cmd { return exec.Command(bin, "--name", "../sys", "down", "--force") }, "an instance name is"},
+		{"name dot", func() *exec.Cmd { return exec.Command(bin, "--name", ".", "status") }, "an instance name is"},
+		{"down of no instance", func() *exec.Cmd { return exec.Command(bin, "--name", "slbad-none", "down") }, `no socklane instance "slbad-none"`},
 		{"not root", func() *exec.Cmd {
 			c := exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/")
 			c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}

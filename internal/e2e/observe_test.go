@@ -172,6 +172,11 @@ func TestCapture(t *testing.T) {
 	start(t, srv, in.Bin, "peer", "whoami", "0.0.0.0:7301", "--label", reply)
 	waitPort(t, srv, "0.0.0.0:7301")
 	file := filepath.Join(t.TempDir(), "bypass.pcap")
+	// An existing world-readable file: the capture (other pods' payloads)
+	// must end up readable by its owner only.
+	if err := os.WriteFile(file, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	before := in.Counters()
 	cmd, _, errText := background(t, in, "capturing", "capture", "-w", file, "--port", "7301", "--count", "2", "--duration", "30s")
 	c, err := cli.Command(in.Bin, "peer", "request", fmt.Sprintf("%s:7301", srv.IPv4), "--data", request)
@@ -198,6 +203,9 @@ func TestCapture(t *testing.T) {
 	mustEqual(t, d, "captured", 2)
 	mustAtLeast(t, d, "redirect_msgs", 2)
 
+	if st, err := os.Stat(file); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("capture file mode: %v (%v), want 0600", st.Mode().Perm(), err)
+	}
 	raw, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)

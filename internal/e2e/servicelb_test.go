@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
@@ -233,6 +234,16 @@ func TestServiceLB(t *testing.T) {
 			t.Fatalf("want every connection on the terminating backend be1, got %v %v", r.Replies, r.Errors)
 		}
 		mustEqual(t, testutil.Delta(before, lb.lbCounters(t)), "terminating_used", 20)
+	})
+	t.Run("recorded services readable by root only", func(t *testing.T) {
+		dir := agent.StateDir(lb.in.Name)
+		for path, want := range map[string]os.FileMode{agent.StateRoot: 0o700, dir: 0o700, filepath.Join(dir, "services.json"): 0o600} {
+			if st, err := os.Stat(path); err != nil {
+				t.Errorf("%s: %v, want mode %v", path, err, want)
+			} else if st.Mode().Perm() != want {
+				t.Errorf("%s: mode %v, want %v", path, st.Mode().Perm(), want)
+			}
+		}
 	})
 	t.Run("get shows per-backend selections", func(t *testing.T) {
 		out := lb.in.MustRun("svc", "get", "who")

@@ -160,7 +160,7 @@ func NewInstance(t testing.TB) *Instance {
 	name := fmt.Sprintf("sltest-%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	in := &Instance{t: t, Bin: Binary(t), Name: name}
 	t.Cleanup(func() {
-		out, err := in.Run("down", "--force")
+		out, err := in.Run("down", "--force", "--ignore-not-found")
 		if err != nil {
 			t.Errorf("socklane down --force: %v: %s", err, out)
 		}

@@ -1,0 +1,99 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+)
+
+// maxInstanceName bounds an instance name (a directory under the bpffs
+// and under /run/socklane).
+const maxInstanceName = 64
+
+// CheckInstanceName accepts a name that is one path element of letters,
+// digits, '.', '_' and '-', starting with a letter or digit: the instance's
+// directories are derived from it, and removing an instance removes them.
+func CheckInstanceName(name string) error {
+	bad := name == "" || len(name) > maxInstanceName || !isAlnum(name[0])
+	for i := 0; i < len(name) && !bad; i++ {
+		c := name[i]
+		bad = !(isAlnum(c) || c == '.' || c == '_' || c == '-')
+	}
+	if bad {
+		return fmt.Errorf("--name %q: an instance name is 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit (the default is socklane)", name, maxInstanceName)
+	}
+	return nil
+}
+
+func isAlnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// ErrNotPinned is returned by Pins.Remove when there is no datapath.
+var ErrNotPinned = errors.New("no socklane datapath pinned")
+
+// ownPins is what socklane pins in an instance directory: its programs
+// (prog_ and the program's name), its maps (named sl_*), and its links.
+func ownPins() (map[string]bool, error) {
+	own := map[string]bool{}
+	b, err := loadBypass()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
+	}
+	l, err := loadServicelb()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
+	}
+	for _, spec := range []*ebpf.CollectionSpec{b, l} {
+		for _, m := range spec.Maps {
+			if strings.HasPrefix(m.Name, "sl_") {
+				own[m.Name] = true
+			}
+		}
+		for _, p := range spec.Programs {
+			own[progPinPrefix+p.Name] = true
+		}
+	}
+	return own, nil
+}
+
+// removeOwn unpins socklane's objects from dir and removes dir if nothing
+// else is left in it. Whatever another program pinned there stays, and is
+// named in the error.
+func removeOwn(dir string) error {
+	own, err := ownPins()
+	if err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w at %s", ErrNotPinned, dir)
+	}
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", dir, err)
+	}
+	var foreign []string
+	for _, e := range entries {
+		n := e.Name()
+		if !own[n] && !(strings.HasPrefix(n, linkPinPrefix) && !e.IsDir()) {
+			foreign = append(foreign, n)
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("unpinning %s: %w", filepath.Join(dir, n), err)
+		}
+	}
+	if len(foreign) > 0 {
+		slices.Sort(foreign)
+		return fmt.Errorf("socklane's pins are removed from %s, but the directory is left in place: it holds objects socklane did not pin (%s); remove them yourself if they are not in use", dir, strings.Join(foreign, ", "))
+	}
+	if err := os.Remove(dir); err != nil {
+		return fmt.Errorf("removing %s: %w", dir, err)
+	}
+	return nil
+}
