@@ -22,7 +22,7 @@ func CheckInstanceName(name string) error {
 	bad := name == "" || len(name) > maxInstanceName || !isAlnum(name[0])
 	for i := 0; i < len(name) && !bad; i++ {
 		c := name[i]
-		bad = !(isAlnum(c) || c == '.' || c == '_' || c == '-')
+		bad = !isAlnum(c) && c != '.' && c != '_' && c != '-'
 	}
 	if bad {
 		return fmt.Errorf("--name %q: an instance name is 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit (the default is socklane)", name, maxInstanceName)
@@ -80,7 +80,8 @@ func removeOwn(dir string) error {
 	var foreign []string
 	for _, e := range entries {
 		n := e.Name()
-		if !own[n] && !(strings.HasPrefix(n, linkPinPrefix) && !e.IsDir()) {
+		link := strings.HasPrefix(n, linkPinPrefix) && !e.IsDir()
+		if !own[n] && !link {
 			foreign = append(foreign, n)
 			continue
 		}
