@@ -163,6 +163,12 @@ type bypassSlEventsCfg struct {
 	UntilNs uint64
 }
 
+type bypassSlLayoutVersion uint32
+
+const (
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 1
+)
+
 type bypassSlListener struct {
 	_     structs.HostLayout
 	Netns uint64
@@ -229,6 +235,7 @@ const (
 	bypassMapSlConns       = "sl_conns"
 	bypassMapSlEvSettings  = "sl_ev_settings"
 	bypassMapSlEvents      = "sl_events"
+	bypassMapSlLayout      = "sl_layout"
 	bypassMapSlListeners   = "sl_listeners"
 	bypassMapSlSkState     = "sl_sk_state"
 	bypassMapSlSockhash    = "sl_sockhash"
@@ -304,6 +311,7 @@ type bypassMapSpecs struct {
 	SlConns       *ebpf.MapSpec `ebpf:"sl_conns"`
 	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
+	SlLayout      *ebpf.MapSpec `ebpf:"sl_layout"`
 	SlListeners   *ebpf.MapSpec `ebpf:"sl_listeners"`
 	SlSkState     *ebpf.MapSpec `ebpf:"sl_sk_state"`
 	SlSockhash    *ebpf.MapSpec `ebpf:"sl_sockhash"`
@@ -351,6 +359,7 @@ type bypassMaps struct {
 	SlConns       *ebpf.Map `ebpf:"sl_conns"`
 	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
+	SlLayout      *ebpf.Map `ebpf:"sl_layout"`
 	SlListeners   *ebpf.Map `ebpf:"sl_listeners"`
 	SlSkState     *ebpf.Map `ebpf:"sl_sk_state"`
 	SlSockhash    *ebpf.Map `ebpf:"sl_sockhash"`
@@ -369,6 +378,7 @@ func (m *bypassMaps) Close() error {
 		m.SlConns,
 		m.SlEvSettings,
 		m.SlEvents,
+		m.SlLayout,
 		m.SlListeners,
 		m.SlSkState,
 		m.SlSockhash,

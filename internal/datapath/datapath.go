@@ -63,6 +63,9 @@ type Datapath struct {
 	adopted bool
 	// layout locates the settings in the programs' read-only data.
 	layout settingsLayout
+	// counterNames and lbCounterNames index the counter arrays, read
+	// from the object once: a scrape reads the counters only.
+	counterNames, lbCounterNames []string
 }
 
 // Pinned reports whether a datapath is pinned in dir.
@@ -86,10 +89,22 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := os.Chmod(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("restricting pin directory %s to root: %w", cfg.PinDir, err)
 	}
+	open := create
 	if Pinned(cfg.PinDir) {
-		return adopt(cfg)
+		open = adopt
 	}
-	return create(cfg)
+	d, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if d.counterNames, err = CounterNames(); err == nil {
+		d.lbCounterNames, err = LBCounterNames()
+	}
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
 }
 
 func loadSpec(cfg Config) (*ebpf.CollectionSpec, error) {
@@ -135,6 +150,9 @@ func create(cfg Config) (*Datapath, error) {
 			d.Close()
 		}
 	}()
+	if err := d.recordLayout(); err != nil {
+		return nil, err
+	}
 	if err := d.fillFreeSlots(); err != nil {
 		return nil, err
 	}
@@ -163,6 +181,9 @@ func create(cfg Config) (*Datapath, error) {
 }
 
 func adopt(cfg Config) (*Datapath, error) {
+	if err := checkLayout(cfg.PinDir); err != nil {
+		return nil, err
+	}
 	spec, err := loadSpec(cfg)
 	if err != nil {
 		return nil, err
@@ -176,7 +197,7 @@ func adopt(cfg Config) (*Datapath, error) {
 	mapsOnly := struct{ bypassMaps }{}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
 	if err := spec.LoadAndAssign(&mapsOnly, opts); err != nil {
-		return nil, fmt.Errorf("adopting pinned maps in %s (incompatible or damaged: run `socklane down --force`): %w", cfg.PinDir, err)
+		return nil, fmt.Errorf("adopting pinned maps in %s (incompatible or damaged: run `socklane down`, which drains bypassed connections first, and start again): %w", cfg.PinDir, err)
 	}
 	d.objs.bypassMaps = mapsOnly.bypassMaps
 	if d.objs.SlSockops, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinSockops), nil); err != nil {

@@ -205,10 +205,7 @@ func (d *Datapath) lostEvents() (uint64, error) {
 // buffer dropped are reported as events of type "lost". One reader at a
 // time: the ring buffer has one consumer.
 func (d *Datapath) Events(ctx context.Context, ready func(), fn func(Event) error) error {
-	counters, err := CounterNames()
-	if err != nil {
-		return err
-	}
+	counters := d.counterNames
 	clk, err := newClock()
 	if err != nil {
 		return err

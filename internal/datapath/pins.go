@@ -92,26 +92,9 @@ func (p Pins) DetachAll() (int, error) {
 	return n, nil
 }
 
-// sockhashName is the pin name of the socket map, taken from the object.
-func sockhashName() (string, error) {
-	spec, err := loadBypass()
-	if err != nil {
-		return "", fmt.Errorf("loading embedded BPF object: %w", err)
-	}
-	var specs bypassSpecs
-	if err := spec.Assign(&specs); err != nil {
-		return "", fmt.Errorf("reading embedded BPF object: %w", err)
-	}
-	return specs.SlSockhash.Name, nil
-}
-
 // Sockets counts the sockets currently in the socket map.
 func (p Pins) Sockets() (int, error) {
-	name, err := sockhashName()
-	if err != nil {
-		return 0, err
-	}
-	m, err := ebpf.LoadPinnedMap(filepath.Join(string(p), name), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(string(p), bypassMapSlSockhash), nil)
 	if err != nil {
 		return 0, fmt.Errorf("opening pinned socket map: %w", err)
 	}

@@ -341,10 +341,7 @@ type LBStats struct {
 // LBCounters sums the load balancer's per-CPU counters. Keys are
 // LBCounterNames.
 func (d *Datapath) LBCounters() (map[string]uint64, error) {
-	names, err := LBCounterNames()
-	if err != nil {
-		return nil, err
-	}
+	names := d.lbCounterNames
 	var perCPU []servicelbSlLbCounters
 	if err := d.lb.SlLbStats.Lookup(uint32(0), &perCPU); err != nil {
 		return nil, fmt.Errorf("reading load balancer counters: %w", err)

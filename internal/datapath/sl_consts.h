@@ -42,6 +42,15 @@ enum sl_counter {
 	SL_C_MAX,
 };
 
+/* The layout of the pinned maps and the meaning of what they hold, recorded
+ * in sl_layout when a datapath is created. A socklane adopts pins only with
+ * its own version: bump it with any change to a pinned map's type, key,
+ * value or encoding (TestLayoutFingerprint fails on structural changes
+ * made without a bump). */
+enum sl_layout_version {
+	SL_LAYOUT_VERSION = 1,
+};
+
 /* Connection state, packed with generation and membership in one 64-bit word
  * (see sl_structs.h) so that every transition is one compare-and-swap. */
 enum sl_conn_state {

@@ -19,6 +19,15 @@ struct {
 	__type(value, __u64);
 } sl_sockhash SEC(".maps");
 
+/* One entry: SL_LAYOUT_VERSION of the socklane that created the datapath.
+ * Written by the loader, read by adopters, never by the programs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, enum sl_layout_version);
+} sl_layout SEC(".maps");
+
 /* Per-socket state. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);

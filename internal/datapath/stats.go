@@ -48,10 +48,7 @@ func enumNames(spec *ebpf.CollectionSpec, enum, prefix string, n int) ([]string,
 
 // Counters sums the per-CPU counters. Keys are CounterNames.
 func (d *Datapath) Counters() (map[string]uint64, error) {
-	names, err := CounterNames()
-	if err != nil {
-		return nil, err
-	}
+	names := d.counterNames
 	var perCPU []bypassSlCounters
 	if err := d.objs.SlStats.Lookup(uint32(0), &perCPU); err != nil {
 		return nil, fmt.Errorf("reading sl_stats: %w", err)
@@ -126,10 +123,7 @@ func addrOf(w [4]uint32) netip.Addr {
 // Conns reads the connection table: every connection with both ends, or one
 // end waiting, managed by this datapath.
 func (d *Datapath) Conns() ([]Conn, error) {
-	names, err := CounterNames()
-	if err != nil {
-		return nil, err
-	}
+	names := d.counterNames
 	var now unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
 		return nil, fmt.Errorf("reading the monotonic clock: %w", err)

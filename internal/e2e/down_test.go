@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -89,5 +90,65 @@ func TestDownRemovesOnlyOwnPins(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Errorf("another program's pin %s was removed: %v", other, err)
+	}
+}
+
+// TestAdoptRefusesOtherLayout: pins recorded with another layout version,
+// or none (an older socklane), are not adopted: the error names the fix
+// (`socklane down`, which drains), and the running datapath is untouched.
+func TestAdoptRefusesOtherLayout(t *testing.T) {
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	p1, p2 := testutil.Pod(t, b, "one"), testutil.Pod(t, b, "two")
+	in.Attach(p1)
+	pin := filepath.Join("/sys/fs/bpf", in.Name, "sl_layout")
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var v uint32
+	if err := m.Lookup(uint32(0), &v); err != nil || v != datapath.LayoutVersion {
+		t.Fatalf("recorded layout: %d, %v; want %d", v, err, datapath.LayoutVersion)
+	}
+	// The attachments are the link pins.
+	attachments := func() string {
+		entries, err := os.ReadDir(filepath.Dir(pin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var links []string
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "link_") {
+				links = append(links, e.Name())
+			}
+		}
+		return strings.Join(links, " ")
+	}
+	before := attachments()
+	for _, tt := range []struct {
+		name, want string
+		change     func() error
+	}{
+		{"another version", "has layout 99", func() error { return m.Update(uint32(0), uint32(99), ebpf.UpdateAny) }},
+		{"no version", "older socklane", func() error { return os.Remove(pin) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.change(); err != nil {
+				t.Fatal(err)
+			}
+			out, err := in.Run("attach", "--cgroup", p2.Cgroup)
+			if err == nil || !strings.Contains(out, tt.want) || !strings.Contains(out, "socklane down") {
+				t.Fatalf("attach over pins of another layout: want an error saying %q and naming `socklane down`, got %v: %s", tt.want, err, out)
+			}
+			if got := attachments(); got != before {
+				t.Fatalf("attachments changed by a refused adoption:\n%s\nwant\n%s", got, before)
+			}
+		})
+	}
+	// down works through the pins alone.
+	in.MustRun("down", "--force")
+	if _, err := os.Stat(filepath.Join("/sys/fs/bpf", in.Name)); err == nil {
+		t.Fatal("pin directory left after down")
 	}
 }
