@@ -35,7 +35,7 @@ func newSvcCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer dp.Close()
-			st, err := agent.ApplyServices(dp, g.name, set)
+			st, err := agent.ApplyServices(dp, g.name, set, nil)
 			if err != nil {
 				return err
 			}
@@ -127,8 +127,15 @@ func showServices(cmd *cobra.Command, g *globals, only string) error {
 	if only != "" && len(views) == 0 {
 		return fmt.Errorf("service %s is not applied (see `socklane svc list`)", only)
 	}
+	skipped, err := agent.SkippedServices(g.name)
+	if err != nil {
+		return err
+	}
+	if only != "" {
+		skipped = nil
+	}
 	if g.json() {
-		return writeJSON(cmd.OutOrStdout(), map[string]any{"services": views, "counters": st.Counters})
+		return writeJSON(cmd.OutOrStdout(), map[string]any{"services": views, "counters": st.Counters, "skipped": skipped})
 	}
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tVIPS\tPORTS\tBACKENDS (selected)\tAFFINITY\tREFUSED")
@@ -159,5 +166,14 @@ func showServices(cmd *cobra.Command, g *globals, only string) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", v.Key(), strings.Join(vips, ","), strings.Join(ports, ","), strings.Join(bes, " "), aff, v.Refused)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(skipped) > 0 {
+		fmt.Fprintf(cmd.OutOrStdout(), "\n%d services skipped (not served):\n", len(skipped))
+		for _, sk := range skipped {
+			fmt.Fprintf(cmd.OutOrStdout(), "  %s: %s\n", sk.Service, sk.Reason)
+		}
+	}
+	return nil
 }

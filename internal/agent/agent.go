@@ -322,19 +322,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
-			kubeDone <- kube.Watch(ctx, kubeCfg, 20*time.Millisecond, func(set *service.Set) error {
-				st, err := ApplyServices(dp, cfg.PinName, set)
-				if err == nil {
-					log.Debug("services programmed", "frontends", st.Frontends, "added", st.Added, "updated", st.Updated,
-						"removed", st.Removed, "sockets_destroyed", st.Destroyed, "took", st.Took)
+			kubeDone <- kube.Watch(ctx, kubeCfg, 20*time.Millisecond, dp.ServiceBudget(), func(set *service.Set, skipped []service.Skipped) error {
+				st, err := ApplyServices(dp, cfg.PinName, set, skipped)
+				if err != nil {
+					return err
 				}
-				return err
+				log.Debug("services programmed", "frontends", st.Frontends, "added", st.Added, "updated", st.Updated,
+					"removed", st.Removed, "sockets_destroyed", st.Destroyed, "took", st.Took)
+				// Ready once the cluster's services, as listed at
+				// start, are programmed.
+				if web != nil && !web.ready.Load() {
+					web.ready.Store(true)
+					log.Info("ready: the first full sync of the cluster's services is applied")
+				}
+				return nil
 			}, log)
 		}()
 	}
 	if web != nil {
 		web.serve(dp, cfg.PinName, log)
-		web.ready.Store(true)
+		if kubeCfg == nil {
+			web.ready.Store(true)
+		}
 	}
 	log.Info("agent running; the datapath stays in place when the agent stops (remove it with `socklane down`)")
 	tick := time.NewTicker(30 * time.Second)

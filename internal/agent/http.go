@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/metrics"
+	"github.com/socklane/socklane/internal/service"
 )
 
 // DefaultMetricsAddress is where the agent serves /metrics, /healthz and
@@ -42,7 +43,7 @@ func listenHTTP(addr string) (*httpServer, error) {
 func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
-		metrics.New(dp, func() (map[string]string, error) { return FrontendNames(name) }),
+		metrics.New(dp, func() (map[string]string, error) { return FrontendNames(name) }, func() ([]service.Skipped, error) { return SkippedServices(name) }),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -43,7 +43,7 @@ const servicesFile = "services.json"
 // backends it removed, so that their clients reconnect to a live one.
 // Appliers of one instance (the agent's file watch, `svc apply`) take
 // turns through a lock file.
-func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapath.ApplyStats, error) {
+func ApplyServices(dp *datapath.Datapath, name string, set *service.Set, skipped []service.Skipped) (datapath.ApplyStats, error) {
 	dir, err := privateStateDir(name)
 	if err != nil {
 		return datapath.ApplyStats{}, err
@@ -68,18 +68,47 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set) (datapa
 			return st, fmt.Errorf("destroying sockets of removed backends: %w", err)
 		}
 	}
-	b, err := json.Marshal(set.Services)
-	if err != nil {
-		return st, err
-	}
-	tmp := filepath.Join(dir, servicesFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	if err := writeJSONFile(filepath.Join(dir, servicesFile), set.Services); err != nil {
 		return st, fmt.Errorf("recording services: %w", err)
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, servicesFile)); err != nil {
-		return st, fmt.Errorf("recording services: %w", err)
+	if skipped == nil {
+		skipped = []service.Skipped{}
+	}
+	if err := writeJSONFile(filepath.Join(dir, skippedFile), skipped); err != nil {
+		return st, fmt.Errorf("recording skipped services: %w", err)
 	}
 	return st, nil
+}
+
+const skippedFile = "skipped.json"
+
+// writeJSONFile replaces path with v, readable by root only.
+func writeJSONFile(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// SkippedServices reads the services the last apply left out.
+func SkippedServices(name string) ([]service.Skipped, error) {
+	b, err := os.ReadFile(filepath.Join(StateDir(name), skippedFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading skipped services: %w", err)
+	}
+	var out []service.Skipped
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, fmt.Errorf("reading skipped services: %w", err)
+	}
+	return out, nil
 }
 
 // PruneTrackedSockets forgets the load balancer's entries for connected

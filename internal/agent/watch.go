@@ -42,7 +42,7 @@ func loadServiceFile(path string) (*service.Set, [sha256.Size]byte, error) {
 
 // apply programs set and logs what changed.
 func (w *serviceWatch) apply(set *service.Set, sum [sha256.Size]byte) error {
-	st, err := ApplyServices(w.dp, w.name, set)
+	st, err := ApplyServices(w.dp, w.name, set, nil)
 	if err != nil {
 		return err
 	}

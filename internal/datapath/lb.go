@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/service"
 )
 
 // hook is one program attached to every managed cgroup.
@@ -103,4 +104,9 @@ func (d *Datapath) adoptLB() error {
 		*p = prog
 	}
 	return nil
+}
+
+// ServiceBudget is what the load balancer's tables hold.
+func (d *Datapath) ServiceBudget() service.Budget {
+	return service.Budget{Frontends: int(d.lb.SlSvc.MaxEntries()), BackendSlots: int(d.lb.SlSvcBackends.MaxEntries())}
 }

@@ -36,14 +36,14 @@ func Config(path string) (*rest.Config, error) {
 
 // Apply programs a set of services; it reports how long the datapath
 // took.
-type Apply func(*service.Set) error
+type Apply func(set *service.Set, skipped []service.Skipped) error
 
 // Watch keeps apply fed with the cluster's Services and EndpointSlices
 // until ctx ends. Changes that arrive together are applied together (a
 // batch closes quiet milliseconds after its last event). Each apply is
 // logged with its programming latency: from the first event of the batch
 // to the end of the apply.
-func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, apply Apply, log *slog.Logger) error {
+func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, budget service.Budget, apply Apply, log *slog.Logger) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("creating the Kubernetes client: %w", err)
@@ -123,15 +123,16 @@ func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, apply App
 		for _, n := range notes {
 			log.Debug("kubernetes source", "note", n)
 		}
-		set, err := service.NewSet(built)
-		if err != nil {
-			log.Error("kubernetes services refused; the applied services stay", "err", err)
-			continue
+		// Each Service stands alone: one that cannot be served is
+		// skipped and reported, the others apply.
+		set, skipped := service.Partition(built, budget)
+		for _, sk := range skipped {
+			log.Warn("kubernetes service skipped", "service", sk.Service, "reason", sk.Reason)
 		}
-		if err := apply(set); err != nil {
+		if err := apply(set, skipped); err != nil {
 			log.Error("applying kubernetes services", "err", err)
 			continue
 		}
-		log.Info("kubernetes services applied", "services", len(set.Services), "latency", time.Since(since))
+		log.Info("kubernetes services applied", "services", len(set.Services), "skipped", len(skipped), "latency", time.Since(since))
 	}
 }

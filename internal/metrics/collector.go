@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/service"
 )
 
 // Source is the datapath as the collector reads it.
@@ -25,19 +26,23 @@ type Source interface {
 // the services they belong to ("namespace/name").
 type ServiceNames func() (map[string]string, error)
 
+// SkippedServices lists the services the last apply left out.
+type SkippedServices func() ([]service.Skipped, error)
+
 // Collector reads the datapath at scrape time.
 type Collector struct {
 	src     Source
 	names   ServiceNames
+	skipped SkippedServices
 	descs   map[string]*prometheus.Desc
 	errors  atomic.Uint64
 	version string
 }
 
 // New returns a collector of src; names may be nil (services are then
-// labelled by frontend only).
-func New(src Source, names ServiceNames) *Collector {
-	c := &Collector{src: src, names: names, descs: map[string]*prometheus.Desc{}, version: version()}
+// labelled by frontend only), and skipped too.
+func New(src Source, names ServiceNames, skipped SkippedServices) *Collector {
+	c := &Collector{src: src, names: names, skipped: skipped, descs: map[string]*prometheus.Desc{}, version: version()}
 	for _, f := range families {
 		c.descs[f.name] = prometheus.NewDesc(f.fqName(), f.help, f.labels, nil)
 	}
@@ -164,6 +169,15 @@ func (c *Collector) collectServices(ch chan<- prometheus.Metric, st *datapath.LB
 	}
 	for f, n := range st.Refused {
 		c.emit(ch, famLBRefused, float64(n), names[f], f)
+	}
+	if c.skipped != nil {
+		skipped, err := c.skipped()
+		if err != nil {
+			return err
+		}
+		for _, s := range skipped {
+			c.emit(ch, famSvcSkipped, 1, s.Service)
+		}
 	}
 	return nil
 }

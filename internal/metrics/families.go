@@ -41,6 +41,7 @@ var (
 	famLBErrors    = family{"lb_errors_total", "Service load balancer errors, by kind.", prometheus.CounterValue, []string{"error"}}
 	famLBSelected  = family{"lb_backend_selections_total", "Connections (and unconnected UDP sends) sent to one backend of one service frontend.", prometheus.CounterValue, []string{"service", "frontend", "backend"}}
 	famLBRefused   = family{"lb_no_backend_total", "Connects and sends to a service frontend refused because it had no usable backend.", prometheus.CounterValue, []string{"service", "frontend"}}
+	famSvcSkipped  = family{"service_skipped", "1 for each service the last apply left out (it breaks a rule, clashes with another service, or does not fit the node's tables); `socklane svc list` and the agent's log say why.", prometheus.GaugeValue, []string{"service"}}
 	famLBTracked   = family{"lb_tracked_sockets", "Connected sockets the load balancer remembers a backend for.", prometheus.GaugeValue, nil}
 	famProgRuns    = family{"bpf_program_runs_total", "Runs of each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famProgSeconds = family{"bpf_program_run_seconds_total", "Time spent in each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
@@ -53,7 +54,7 @@ var families = []family{
 	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
 	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets,
 	famEventsLost, famCaptured, famCapDropped,
-	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked,
+	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
 	famProgRuns, famProgSeconds, famSetting, famCollectErr, famBuild,
 }
 

@@ -104,7 +104,10 @@ func TestCollector(t *testing.T) {
 		},
 	}
 	names := func() (map[string]string, error) { return map[string]string{fe.String(): "default/web"}, nil }
-	c := New(src, names)
+	skipped := func() ([]service.Skipped, error) {
+		return []service.Skipped{{Service: "default/huge", Reason: "backends: 20000 backends, at most 16384"}}, nil
+	}
+	c := New(src, names, skipped)
 	text, vals := scrape(t, c)
 	for key, want := range map[string]float64{
 		"socklane_redirected_bytes_total":                    12345,
@@ -121,6 +124,7 @@ func TestCollector(t *testing.T) {
 		"socklane_datapath_setting,setting=bypass_blocking":                                                            0,
 		"socklane_datapath_setting,setting=bypass_brief":                                                               1,
 		"socklane_collection_errors_total":                                                                             0,
+		"socklane_service_skipped,service=default/huge":                                                                1,
 	} {
 		if got, ok := vals[key]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v\n%s", key, got, ok, want, text)

@@ -44,7 +44,11 @@ const (
 const DefaultAffinityTimeout = 3 * time.Hour
 
 // MaxBackends bounds one service's backends (ready and terminating).
-const MaxBackends = 1024
+// Kubernetes sets no such limit (a Service's endpoints span as many
+// EndpointSlices as it needs); this one keeps a frontend's backends within
+// one bank of the datapath's backend table, well above what kube-proxy is
+// tested with (5,000 endpoints per Service).
+const MaxBackends = 16384
 
 // Port is one port of a service.
 type Port struct {
