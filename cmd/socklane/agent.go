@@ -17,7 +17,7 @@ func newAgentCmd(g *globals) *cobra.Command {
 	var set settingsFlags
 	var servicesFile string
 	var servicesInterval time.Duration
-	var metricsAddr string
+	var webCfg agent.WebConfig
 	var bpfStats bool
 	var podSelector, criSocket string
 	var podInterval time.Duration
@@ -37,7 +37,7 @@ socklane with 'socklane down'.`,
 			defer stop()
 			cfg := set.config(g, cgs)
 			cfg.ServicesFile, cfg.ServicesInterval = servicesFile, servicesInterval
-			cfg.MetricsAddress, cfg.BPFStats = metricsAddr, bpfStats
+			cfg.Web, cfg.BPFStats = webCfg, bpfStats
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
 			cfg.KubePodSelector, cfg.NodeName = kubePodSelector, nodeName
@@ -47,7 +47,10 @@ socklane with 'socklane down'.`,
 	cmd.Flags().StringArrayVar(&cgs, "cgroup", nil, "cgroup v2 directory to attach to (repeatable; default: the cgroup v2 root)")
 	cmd.Flags().StringVar(&servicesFile, "services", "", "YAML service file to apply at start and again whenever it changes (a bad file is refused at start; later, it is logged and the applied services stay)")
 	cmd.Flags().DurationVar(&servicesInterval, "services-interval", agent.DefaultServicesInterval, "how often to check the service file for changes")
-	cmd.Flags().StringVar(&metricsAddr, "metrics-address", agent.DefaultMetricsAddress, "serve Prometheus /metrics, /healthz and /readyz here (\"\" for none)")
+	cmd.Flags().StringVar(&webCfg.MetricsAddress, "metrics-address", agent.DefaultMetricsAddress, "serve Prometheus /metrics, /healthz and /readyz here (\"\" for none); an address other pods can reach needs --web-config-file or --metrics-insecure")
+	cmd.Flags().StringVar(&webCfg.WebConfigFile, "web-config-file", "", "Prometheus exporter web configuration (TLS, client certificates, basic auth) for --metrics-address")
+	cmd.Flags().BoolVar(&webCfg.MetricsInsecure, "metrics-insecure", false, "serve /metrics on a non-loopback --metrics-address without TLS or authentication (every pod of the node can read every Service's backends)")
+	cmd.Flags().StringVar(&webCfg.HealthAddress, "health-address", "", "also serve /healthz and /readyz alone here, without TLS or authentication, for probes (such as 127.0.0.1:9465 when /metrics needs client credentials)")
 	cmd.Flags().BoolVar(&bpfStats, "bpf-stats", false, "turn the kernel's BPF run-time statistics on while the agent runs (per-program run counts and time in /metrics)")
 	cmd.Flags().StringVar(&podSelector, "pod-selector", "", "attach to the running pods whose labels match key=value[,key=value] (found through the container runtime; pods that start later are attached, pods that go away detached); without --cgroup the cgroup v2 root is then not attached")
 	cmd.Flags().StringVar(&criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket (for --pod-selector)")

@@ -76,6 +76,7 @@ load balancer), and the programming time. Reports medians and ratios.`,
 			return nil
 		},
 	}
+	cmd.AddCommand(newBenchScrapeCmd(g))
 	f := cmd.Flags()
 	f.IntVar(&o.Reps, "reps", 5, "interleaved repetitions (medians are reported)")
 	f.IntSliceVar(&o.Sizes, "sizes", []int{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536}, "message sizes in bytes")
@@ -97,5 +98,37 @@ load balancer), and the programming time. Reports medians and ratios.`,
 	f.StringVar(&jsonOut, "json", "", "also write the full report as JSON to this file")
 	f.StringVar(&mdOut, "markdown", "", "also write the tables as Markdown to this file")
 	f.StringVar(&svgOut, "svg", "", "also write a chart of bypass/TCP ratios as SVG to this file")
+	return cmd
+}
+
+func newBenchScrapeCmd(g *globals) *cobra.Command {
+	o := bench.ScrapeOptions{}
+	cmd := &cobra.Command{
+		Use:   "scrape",
+		Short: "Measure a /metrics scrape on a node with many services and bypassed connections",
+		Long: `Programs --services services, opens --conns bypassed connections between two
+pods (two sockets each in the bypass map), and times the agent's collector
+(a full Prometheus gather) --reps times, interleaved with a count of the
+node's tables (the bypass map and the translated-socket table), which the
+agent does in the background at most every 10 s.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			o.BPFFS, o.Log = g.bpffs, g.logger(os.Stderr)
+			rep, err := bench.Scrape(ctx, o)
+			if err != nil {
+				return err
+			}
+			if g.json() {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			rep.Text(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&o.Services, "services", 10000, "services programmed")
+	cmd.Flags().IntVar(&o.Conns, "conns", 30000, "bypassed connections held open (two sockets each)")
+	cmd.Flags().IntVar(&o.Reps, "reps", 9, "scrapes (the median is reported)")
 	return cmd
 }

@@ -201,11 +201,37 @@ func newPeerCmd() *cobra.Command {
 		},
 	}
 	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
-		newPlantCmd(ctx), newVictimCmd(ctx), newFastOpenCmd(ctx))
+		newPlantCmd(ctx), newVictimCmd(ctx), newFastOpenCmd(ctx), newOpenCmd(ctx))
 	return cmd
 }
 
 // newPlantCmd is the attacker of the connection-takeover tests.
+func newOpenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+	var ports string
+	var count int
+	c := &cobra.Command{
+		Use:   "open --ports A-B --count N IP",
+		Short: "Open N idle TCP connections to IP over the ports and hold them until interrupted",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ip, err := netip.ParseAddr(args[0])
+			if err != nil {
+				return fmt.Errorf("IP %q: %w", args[0], err)
+			}
+			ps, err := peer.ParsePorts(ports)
+			if err != nil {
+				return err
+			}
+			ctx, stop := ctx()
+			defer stop()
+			return peer.Open(ctx, ip, ps, count, func(n int) { fmt.Fprintln(os.Stderr, "open", n) })
+		},
+	}
+	c.Flags().StringVar(&ports, "ports", "", "server ports, A or A-B (connections go round-robin)")
+	c.Flags().IntVar(&count, "count", 1000, "connections")
+	return c
+}
+
 func newPlantCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
 	var client, server, ports, mode string
 	var via uint16

@@ -50,9 +50,8 @@ type Config struct {
 	// ServicesInterval (default DefaultServicesInterval).
 	ServicesFile     string
 	ServicesInterval time.Duration
-	// MetricsAddress is where to serve /metrics, /healthz and /readyz
-	// ("": nowhere).
-	MetricsAddress string
+	// Web is where and how /metrics and the probes are served.
+	Web WebConfig
 	// BPFStats turns the kernel's BPF run-time statistics on while the
 	// agent runs (bpf_program_* metrics; costs tens of ns per run).
 	BPFStats bool
@@ -251,12 +250,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 	}
-	var web *httpServer
-	if cfg.MetricsAddress != "" {
-		var err error
-		if web, err = listenHTTP(cfg.MetricsAddress); err != nil {
-			return err
-		}
+	web, err := listenHTTP(cfg.Web)
+	if err != nil {
+		return err
+	}
+	if web != nil {
 		defer web.close()
 	}
 	var pods *podWatch

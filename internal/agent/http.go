@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/metrics"
 	"github.com/socklane/socklane/internal/service"
@@ -22,33 +23,79 @@ import (
 // /readyz unless told otherwise: loopback only.
 const DefaultMetricsAddress = "127.0.0.1:9464"
 
+// WebConfig is how the metrics endpoint is exposed.
+type WebConfig struct {
+	// MetricsAddress serves /metrics, /healthz and /readyz ("": none).
+	MetricsAddress string
+	// WebConfigFile is a Prometheus exporter web configuration (TLS
+	// server certificate, client certificates, basic auth users) for
+	// MetricsAddress; read again at each connection.
+	WebConfigFile string
+	// MetricsInsecure allows a non-loopback MetricsAddress without
+	// WebConfigFile.
+	MetricsInsecure bool
+	// HealthAddress serves /healthz and /readyz only ("": none).
+	HealthAddress string
+}
+
 // httpServer serves the agent's metrics and health endpoints.
 type httpServer struct {
-	ln    net.Listener
-	srv   *http.Server
-	ready atomic.Bool
+	cfg          WebConfig
+	ln, healthLn net.Listener
+	srv, health  *http.Server
+	ready        atomic.Bool
 }
 
-// listenHTTP binds addr before the agent touches the node, so a taken
-// port fails the start with nothing changed.
-func listenHTTP(addr string) (*httpServer, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-address %s: %w (choose a free address, or \"\" to serve no metrics)", addr, err)
+// listenHTTP checks the web configuration and binds both addresses
+// before the agent touches the node, so a taken port or a bad file fails
+// the start with nothing changed. It returns nil when there is nothing to
+// serve.
+func listenHTTP(cfg WebConfig) (*httpServer, error) {
+	if cfg.MetricsAddress == "" && cfg.HealthAddress == "" {
+		return nil, nil
 	}
-	return &httpServer{ln: ln}, nil
+	if cfg.WebConfigFile != "" {
+		if err := web.Validate(cfg.WebConfigFile); err != nil {
+			return nil, fmt.Errorf("--web-config-file %s: %w (see https://prometheus.io/docs/prometheus/latest/configuration/https/)", cfg.WebConfigFile, err)
+		}
+	} else if cfg.MetricsAddress != "" && !cfg.MetricsInsecure && !loopback(cfg.MetricsAddress) {
+		return nil, fmt.Errorf("--metrics-address %s is reachable from other hosts and pods, and /metrics names every Service, its addresses and backends: give --web-config-file (TLS and authentication), serve on loopback (127.0.0.1:9464), or accept the exposure with --metrics-insecure", cfg.MetricsAddress)
+	}
+	h := &httpServer{cfg: cfg}
+	if cfg.MetricsAddress != "" {
+		ln, err := net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			return nil, fmt.Errorf("--metrics-address %s: %w (choose a free address, or \"\" to serve no metrics)", cfg.MetricsAddress, err)
+		}
+		h.ln = ln
+	}
+	if cfg.HealthAddress != "" {
+		ln, err := net.Listen("tcp", cfg.HealthAddress)
+		if err != nil {
+			if h.ln != nil {
+				h.ln.Close()
+			}
+			return nil, fmt.Errorf("--health-address %s: %w (choose a free address, or \"\" to serve no separate probes)", cfg.HealthAddress, err)
+		}
+		h.healthLn = ln
+	}
+	return h, nil
 }
 
-// serve starts serving dp's metrics; it returns at once.
-func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		metrics.New(dp, func() (map[string]string, error) { return FrontendNames(name) }, func() ([]service.Skipped, error) { return SkippedServices(name) }),
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
+// loopback reports whether addr (host:port) is a loopback address.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (h *httpServer) probes(mux *http.ServeMux, dp *datapath.Datapath) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if _, err := dp.Counters(); err != nil {
 			http.Error(w, "datapath unreadable: "+err.Error(), http.StatusServiceUnavailable)
@@ -63,23 +110,60 @@ func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger)
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("serving metrics", "err", err)
-		}
-	}()
-	log.Info("serving metrics", "address", h.ln.Addr().String())
+}
+
+// serve starts serving dp's metrics and probes; it returns at once.
+func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger) {
+	errLog := slog.NewLogLogger(log.Handler(), slog.LevelError)
+	if h.ln != nil {
+		reg := prometheus.NewRegistry()
+		col := metrics.New(dp, func() (map[string]string, error) { return FrontendNames(name) }, func() ([]service.Skipped, error) { return SkippedServices(name) })
+		col.Refresh()
+		reg.MustRegister(
+			col,
+			collectors.NewGoCollector(),
+			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		)
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: errLog}))
+		h.probes(mux, dp)
+		h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog}
+		webCfg := h.cfg.WebConfigFile
+		flags := &web.FlagConfig{WebConfigFile: &webCfg}
+		go func() {
+			if err := web.Serve(h.ln, h.srv, flags, log); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("serving metrics", "err", err)
+			}
+		}()
+		log.Info("serving metrics", "address", h.ln.Addr().String(), "tls_and_auth", webCfg != "")
+	}
+	if h.healthLn != nil {
+		mux := http.NewServeMux()
+		h.probes(mux, dp)
+		h.health = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog}
+		go func() {
+			if err := h.health.Serve(h.healthLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("serving probes", "err", err)
+			}
+		}()
+		log.Info("serving probes", "address", h.healthLn.Addr().String())
+	}
 }
 
 func (h *httpServer) close() {
-	if h.srv == nil {
-		h.ln.Close()
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = h.srv.Shutdown(ctx)
+	for _, p := range []struct {
+		srv *http.Server
+		ln  net.Listener
+	}{{h.srv, h.ln}, {h.health, h.healthLn}} {
+		switch {
+		case p.srv != nil:
+			_ = p.srv.Shutdown(ctx)
+		case p.ln != nil:
+			p.ln.Close()
+		}
+	}
 }
 
 // FrontendNames maps the applied services' frontends to their names.

@@ -229,6 +229,9 @@ func (d *Datapath) fillFreeSlots() error {
 	return nil
 }
 
+// ConnSlots is how many connections the datapath can track at once.
+func (d *Datapath) ConnSlots() int { return int(d.objs.SlConns.MaxEntries()) }
+
 // Adopted reports whether Open found the datapath already pinned.
 func (d *Datapath) Adopted() bool { return d.adopted }
 

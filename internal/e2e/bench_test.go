@@ -143,3 +143,30 @@ func TestBenchNetpoll(t *testing.T) {
 		t.Errorf("bench --io epoll: %v\n%s", err, out)
 	}
 }
+
+// TestBenchScrape runs `socklane bench scrape` small: services programmed,
+// connections held open and bypassed (the map holds both ends of each),
+// and a scrape whose series include every service. No speed is asserted.
+func TestBenchScrape(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Binary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "-o", "json", "bench", "scrape", "--services", "300", "--conns", "8000", "--reps", "2").Output()
+	if err != nil {
+		t.Fatalf("socklane bench scrape: %v\n%s", err, out)
+	}
+	var rep bench.ScrapeReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("parsing %q: %v", out, err)
+	}
+	t.Logf("%+v", rep)
+	// 8,000 connections over two sink ports: both ends of each in the map.
+	if rep.BypassedSockets != 16000 || len(rep.ScrapeMs) != 2 || len(rep.TableCountMs) != 2 {
+		t.Errorf("report %+v: want 16000 bypassed sockets and 2 samples of each", rep)
+	}
+	// One selection and one refusal series per service at least.
+	if rep.Series < 300 {
+		t.Errorf("%d series in a scrape of 300 services", rep.Series)
+	}
+}

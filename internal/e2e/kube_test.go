@@ -105,6 +105,34 @@ func dryRun(t *testing.T, cs kubernetes.Interface, manifest []byte) []runtime.Ob
 	return objs
 }
 
+// checkMetricsExposure: /metrics is on the node's loopback unless a web
+// configuration (TLS and authentication) is mounted; the probes use the
+// loopback health address, which needs no credentials.
+func checkMetricsExposure(t *testing.T, what string, ds *appsv1.DaemonSet, webConfig bool) {
+	t.Helper()
+	c := ds.Spec.Template.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	if webConfig {
+		if !strings.Contains(args, "--web-config-file=/etc/socklane/web/web-config.yml") || !strings.Contains(args, "--metrics-address=$(NODE_IP):") {
+			t.Errorf("%s: args %s, want the node address with --web-config-file", what, args)
+		}
+		mounted := false
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			mounted = mounted || v.Secret != nil && v.Secret.SecretName == "socklane-web"
+		}
+		if !mounted {
+			t.Errorf("%s: the web configuration Secret is not mounted", what)
+		}
+	} else if !strings.Contains(args, "--metrics-address=127.0.0.1:") || strings.Contains(args, "--metrics-insecure") {
+		t.Errorf("%s: args %s, want /metrics on loopback", what, args)
+	}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Host != "127.0.0.1" || !strings.Contains(args, fmt.Sprintf("--health-address=127.0.0.1:%d", p.HTTPGet.Port.IntValue())) {
+			t.Errorf("%s: probe %+v does not use the loopback health address (args %s)", what, p, args)
+		}
+	}
+}
+
 // truthy is Helm's notion of a set value.
 func truthy(v any) bool {
 	switch v := v.(type) {
@@ -141,13 +169,19 @@ func TestDeploy(t *testing.T) {
 	if len(objs) != 4 {
 		t.Errorf("%d objects in deploy/kubernetes/socklane.yaml, want 4", len(objs))
 	}
-	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}} {
+	for _, o := range objs {
+		if ds, ok := o.(*appsv1.DaemonSet); ok {
+			checkMetricsExposure(t, "deploy/kubernetes/socklane.yaml", ds, false)
+		}
+	}
+	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"metricsWebConfigSecret": "socklane-web"}} {
 		chart := renderChart(t, filepath.Join(root, "helm", "socklane"), "sl", "kube-system", set)
 		objs := dryRun(t, api.Client, chart)
 		var args []string
 		for _, o := range objs {
 			if ds, ok := o.(*appsv1.DaemonSet); ok {
 				args = ds.Spec.Template.Spec.Containers[0].Args
+				checkMetricsExposure(t, fmt.Sprintf("chart with %v", set), ds, set["metricsWebConfigSecret"] != nil)
 			}
 		}
 		joined := strings.Join(args, " ")

@@ -1,10 +1,13 @@
 package metrics
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,8 +32,24 @@ type ServiceNames func() (map[string]string, error)
 // SkippedServices lists the services the last apply left out.
 type SkippedServices func() ([]service.Skipped, error)
 
-// Collector reads the datapath at scrape time.
+// countsMaxAge bounds how old the table-walking gauges may be.
+const countsMaxAge = 10 * time.Second
+
+// tableCounts are the gauges that walk a table (the bypass map, the
+// translated-socket table): too costly for a scrape at tens of thousands
+// of entries, so they are counted in the background, at most every
+// countsMaxAge, and a scrape serves the last count.
+type tableCounts struct {
+	mu               sync.Mutex
+	sockets, tracked int
+	err              error
+	at               time.Time
+	running          bool
+}
+
+// Collector reads the datapath's counters at scrape time.
 type Collector struct {
+	counts  tableCounts
 	src     Source
 	names   ServiceNames
 	skipped SkippedServices
@@ -61,6 +80,34 @@ func version() string {
 		}
 	}
 	return v
+}
+
+// Refresh counts the table-walking gauges now (the agent does it once
+// before serving; scrapes then refresh them in the background).
+func (c *Collector) Refresh() {
+	sockets, err := c.src.Sockets()
+	var tracked int
+	if err == nil {
+		tracked, err = c.src.TrackedSockets()
+	}
+	c.counts.mu.Lock()
+	defer c.counts.mu.Unlock()
+	c.counts.sockets, c.counts.tracked, c.counts.err, c.counts.at, c.counts.running = sockets, tracked, err, time.Now(), false
+}
+
+// tableCounts serves the last counts, starting a background count when
+// they are older than countsMaxAge.
+func (c *Collector) tableCounts() (sockets, tracked int, err error) {
+	c.counts.mu.Lock()
+	defer c.counts.mu.Unlock()
+	if time.Since(c.counts.at) > countsMaxAge && !c.counts.running {
+		c.counts.running = true
+		go c.Refresh()
+	}
+	if c.counts.at.IsZero() {
+		return 0, 0, errors.New("table counts not read yet")
+	}
+	return c.counts.sockets, c.counts.tracked, c.counts.err
 }
 
 // Describe sends every family's descriptor.
@@ -109,15 +156,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	} else if err := c.emitCounters(ch, vals, bypassCounters); err != nil {
 		fail(err)
 	}
-	if n, err := c.src.Sockets(); err != nil {
+	if sockets, tracked, err := c.tableCounts(); err != nil {
 		fail(err)
 	} else {
-		c.emit(ch, famSockets, float64(n))
-	}
-	if n, err := c.src.TrackedSockets(); err != nil {
-		fail(err)
-	} else {
-		c.emit(ch, famLBTracked, float64(n))
+		c.emit(ch, famSockets, float64(sockets))
+		c.emit(ch, famLBTracked, float64(tracked))
 	}
 	if st, err := c.src.ServiceStats(); err != nil {
 		fail(err)

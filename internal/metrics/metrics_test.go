@@ -108,6 +108,7 @@ func TestCollector(t *testing.T) {
 		return []service.Skipped{{Service: "default/huge", Reason: "backends: 20000 backends, at most 16384"}}, nil
 	}
 	c := New(src, names, skipped)
+	c.Refresh()
 	text, vals := scrape(t, c)
 	for key, want := range map[string]float64{
 		"socklane_redirected_bytes_total":                    12345,

@@ -1,0 +1,43 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Open opens count TCP connections to ip, spread over ports, and holds
+// them until ctx ends: idle connections by the thousand, as a node has
+// them. It calls ready once all are open, and closes them at the end.
+func Open(ctx context.Context, ip netip.Addr, ports []uint16, count int, ready func(int)) error {
+	if len(ports) == 0 || count < 1 {
+		return fmt.Errorf("open: want at least one port and one connection")
+	}
+	// Go raises the soft open-file limit to the hard one at start.
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < uint64(count)+64 {
+		return fmt.Errorf("%d connections need more open files than this process may have (%d): open them from several processes", count, lim.Cur)
+	}
+	conns := make([]net.Conn, 0, count)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	d := net.Dialer{Timeout: 5 * time.Second}
+	for i := range count {
+		target := netip.AddrPortFrom(ip, ports[i%len(ports)])
+		c, err := d.DialContext(ctx, "tcp", target.String())
+		if err != nil {
+			return fmt.Errorf("connection %d of %d to %s: %w", i+1, count, target, err)
+		}
+		conns = append(conns, c)
+	}
+	ready(len(conns))
+	<-ctx.Done()
+	return nil
+}
