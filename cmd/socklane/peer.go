@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -150,17 +152,56 @@ func newPeerCmd() *cobra.Command {
 		return peer.Connects(ctx, addr, mode, size, count)
 	})
 	var network, label, mode string
+	var whoamiPorts string
 	whoami := &cobra.Command{
 		Use:  "whoami ADDR",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := ctx()
 			defer stop()
-			return peer.Whoami(ctx, network, args[0], label)
+			if whoamiPorts == "" {
+				return peer.Whoami(ctx, network, args[0], label)
+			}
+			ps, err := peer.ParsePorts(whoamiPorts)
+			if err != nil {
+				return err
+			}
+			errs := make(chan error, len(ps))
+			for _, p := range ps {
+				go func() { errs <- peer.Whoami(ctx, network, net.JoinHostPort(args[0], strconv.Itoa(int(p))), label) }()
+			}
+			return <-errs
 		},
 	}
 	whoami.Flags().StringVar(&network, "network", "tcp", "tcp or udp")
 	whoami.Flags().StringVar(&label, "label", "", "what to answer")
+	whoami.Flags().StringVar(&whoamiPorts, "ports", "", "serve on each of these ports (A-B); ADDR is then a host alone")
+	var fanoutRounds int
+	var fanoutBurst bool
+	fanout := &cobra.Command{
+		Use:   "fanout TARGET...",
+		Short: "From one unconnected UDP socket, ask every target (whoami servers or VIPs) and check each reply's source",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var targets []netip.AddrPort
+			for _, a := range args {
+				t, err := netip.ParseAddrPort(a)
+				if err != nil {
+					return fmt.Errorf("target %q: %w", a, err)
+				}
+				targets = append(targets, t)
+			}
+			ctx, stop := ctx()
+			defer stop()
+			rep, err := peer.Fanout(ctx, targets, fanoutRounds, fanoutBurst)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(os.Stdout).Encode(rep)
+		},
+	}
+	fanout.Flags().IntVar(&fanoutRounds, "rounds", 10, "requests to each target")
+	fanout.Flags().BoolVar(&fanoutBurst, "burst", false, "send to every target before reading the replies")
 	probe := clientCmd("lbprobe", func(ctx context.Context, addr string) (any, error) {
 		return peer.Probe(ctx, mode, addr, count)
 	})
@@ -201,7 +242,7 @@ func newPeerCmd() *cobra.Command {
 		},
 	}
 	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
-		newPlantCmd(ctx), newVictimCmd(ctx), newFastOpenCmd(ctx), newOpenCmd(ctx))
+		newPlantCmd(ctx), newVictimCmd(ctx), newFastOpenCmd(ctx), newOpenCmd(ctx), fanout)
 	return cmd
 }
 

@@ -166,7 +166,7 @@ type bypassSlEventsCfg struct {
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 1
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 2
 )
 
 type bypassSlListener struct {

@@ -103,10 +103,30 @@ static __always_inline void lb_event(void *ctx, __u32 type, __u32 id, const stru
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* Picks a backend of svc. Returns 1 and fills be, or -1 if the service has
- * no usable backend. */
-static __always_inline int pick(void *ctx, const struct sl_svc_val *svc, struct sl_backend *be,
-				const struct sl_backend *prefer)
+/* The functions on a socket's translations are global (verified once, on
+ * their own): their loops over SL_LB_SOCK_NATS entries would otherwise be
+ * explored again inside every loop of their callers. */
+
+/* Whether be already answers for another VIP of the socket: a reply from
+ * it could then not be told apart. */
+__noinline int sl_nat_ambiguous(const struct sl_lb_sock *st, const struct sl_backend *vip, const struct sl_backend *be)
+{
+	if (!st || !vip || !be)
+		return 0;
+	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
+		if (st->nat[i].be.port && same_be(&st->nat[i].be, be) && !same_be(&st->nat[i].vip, vip))
+			return 1;
+	}
+	return 0;
+}
+
+/* Picks a backend of the frontend k (looked up as svc). Returns 1 and
+ * fills be, or -1 if it has no usable backend. st, for a UDP socket, is its
+ * translations: a backend that already answers for another of its VIPs is
+ * avoided when another one can be had. */
+static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const struct sl_svc_val *svc,
+				struct sl_backend *be, const struct sl_backend *prefer,
+				const struct sl_lb_sock *st, const struct sl_backend *vip)
 {
 	__u32 id = svc->id;
 
@@ -135,32 +155,47 @@ static __always_inline int pick(void *ctx, const struct sl_svc_val *svc, struct 
 		}
 	}
 
-	__u32 base = 0, n = svc->ready;
-	if (n == 0) {
-		base = svc->ready;
-		n = svc->terminating;
+	struct sl_backend *b = 0;
+	int terminating = 0;
+	for (int r = 0; r <= SL_LB_BANK_RETRIES && svc; r++) {
+		__u32 base = 0, n = svc->ready;
 		if (n == 0) {
-			lb_count(SL_LB_NO_BACKEND);
-			__u64 *r = bpf_map_lookup_elem(&sl_svc_refused, &id);
-			if (r)
-				__sync_fetch_and_add(r, 1);
-			return -1;
+			base = svc->ready;
+			n = svc->terminating;
 		}
-		lb_count(SL_LB_TERMINATING_USED);
+		if (n == 0)
+			break;
+		terminating = svc->ready == 0;
+		__u32 first = bpf_get_prandom_u32() % n;
+		struct sl_backend_key bk = {.id = id};
+		for (__u32 t = 0; t < SL_LB_PICK_TRIES; t++) {
+			bk.slot = ((__u32)svc->bank << SL_BANK_SHIFT) | (base + (first + t) % n);
+			b = bpf_map_lookup_elem(&sl_svc_backends, &bk);
+			if (!b || !st || !sl_nat_ambiguous(st, vip, b))
+				break;
+			if (t + 1 == SL_LB_PICK_TRIES || t + 1 == n) {
+				lb_count(SL_LB_PICK_AMBIGUOUS);
+				break;
+			}
+		}
+		if (b)
+			break;
+		/* The slot is gone: an apply published a new set since svc
+		 * was read. Read the frontend again. */
+		lb_count(SL_LB_BANK_RETRY);
+		svc = bpf_map_lookup_elem(&sl_svc, k);
 	}
-	struct sl_backend_key bk = {
-		.id = id,
-		.slot = ((__u32)svc->bank << SL_BANK_SHIFT) | (base + bpf_get_prandom_u32() % n),
-	};
-	struct sl_backend *b = bpf_map_lookup_elem(&sl_svc_backends, &bk);
 	if (!b) {
-		/* A bank being rewritten under us: treat as no backend rather
-		 * than connecting to the VIP itself. */
 		lb_count(SL_LB_NO_BACKEND);
+		__u64 *r = bpf_map_lookup_elem(&sl_svc_refused, &id);
+		if (r)
+			__sync_fetch_and_add(r, 1);
 		return -1;
 	}
+	if (terminating)
+		lb_count(SL_LB_TERMINATING_USED);
 	*be = *b;
-	if (svc->affinity_s) {
+	if (ak.id) {
 		struct sl_affinity a = {.be = *b, .last_ns = now};
 		bpf_map_update_elem(&sl_svc_affinity, &ak, &a, BPF_ANY);
 	}
@@ -168,35 +203,44 @@ static __always_inline int pick(void *ctx, const struct sl_svc_val *svc, struct 
 	return 1;
 }
 
-/* Remembers vip -> be on the socket: the entry for the same vip, or else
- * the oldest one, is replaced. */
-static __noinline void remember(struct bpf_sock *sk, const struct sl_backend *vip, const struct sl_backend *be)
+/* Remembers vip -> be in st: the entry for the same vip, or else a free
+ * one, or else the least recently used one, is replaced. Returns 1 if a
+ * translation of another VIP was dropped. */
+__noinline int sl_nat_remember(struct sl_lb_sock *st, const struct sl_backend *vip, const struct sl_backend *be)
 {
-	struct sl_lb_sock *st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!st) {
-		lb_count(SL_LB_ERR_STORAGE);
-		return;
-	}
-	__u32 slot = SL_LB_SOCK_NATS;
+	if (!st || !vip || !be)
+		return 0;
+	__u32 slot = SL_LB_SOCK_NATS, lru = 0, oldest = 0xffffffff;
 	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
 		if (same_be(&st->nat[i].vip, vip)) {
 			slot = i;
 			break;
 		}
+		/* Free entries (port 0) count as the oldest. */
+		__u32 age = st->nat[i].vip.port ? st->nat[i].used : 0;
+		if (age < oldest) {
+			oldest = age;
+			lru = i;
+		}
 	}
-	if (slot == SL_LB_SOCK_NATS)
-		slot = st->next++ % SL_LB_SOCK_NATS;
+	int evicted = 0;
+	if (slot == SL_LB_SOCK_NATS) {
+		slot = lru;
+		if (slot < SL_LB_SOCK_NATS)
+			evicted = st->nat[slot].vip.port != 0;
+	}
 	if (slot < SL_LB_SOCK_NATS) {
 		st->nat[slot].vip = *vip;
 		st->nat[slot].be = *be;
+		st->nat[slot].used = ++st->clock;
 	}
+	return evicted;
 }
 
-/* The backend this socket was given for vip, if any. */
-static __noinline int remembered(struct bpf_sock *sk, const struct sl_backend *vip, struct sl_backend *be)
+/* The backend st holds for vip, if any. */
+__noinline int sl_nat_find(const struct sl_lb_sock *st, const struct sl_backend *vip, struct sl_backend *be)
 {
-	struct sl_lb_sock *st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0);
-	if (!st)
+	if (!st || !vip || !be)
 		return 0;
 	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
 		if (same_be(&st->nat[i].vip, vip)) {
@@ -207,19 +251,54 @@ static __noinline int remembered(struct bpf_sock *sk, const struct sl_backend *v
 	return 0;
 }
 
-/* Turns a backend address back into the VIP the socket asked for. */
-static __noinline int reverse(struct bpf_sock *sk, struct sl_backend *addr)
+/* Turns a backend address back into the VIP the socket asked for: of the
+ * VIPs that backend answers for on this socket (more than one only when
+ * no other backend could be picked), the one sent to last. */
+__noinline int sl_nat_reverse(const struct sl_lb_sock *st, struct sl_backend *addr)
 {
-	struct sl_lb_sock *st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0);
-	if (!st)
+	if (!st || !addr)
 		return 0;
+	/* Two passes, keeping no index across iterations: the newest use of
+	 * the address, then its VIP. */
+	__u32 newest = 0;
+	int found = 0;
 	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
 		if (st->nat[i].be.port && same_be(&st->nat[i].be, addr)) {
+			found = 1;
+			if (st->nat[i].used > newest)
+				newest = st->nat[i].used;
+		}
+	}
+	if (!found)
+		return 0;
+	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
+		if (st->nat[i].used == newest && st->nat[i].be.port && same_be(&st->nat[i].be, addr)) {
 			*addr = st->nat[i].vip;
 			return 1;
 		}
 	}
 	return 0;
+}
+
+static __always_inline void remember(struct bpf_sock *sk, const struct sl_backend *vip, const struct sl_backend *be)
+{
+	struct sl_lb_sock *st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		lb_count(SL_LB_ERR_STORAGE);
+		return;
+	}
+	if (sl_nat_remember(st, vip, be))
+		lb_count(SL_LB_NAT_EVICTED);
+}
+
+static __always_inline int remembered(struct bpf_sock *sk, const struct sl_backend *vip, struct sl_backend *be)
+{
+	return sl_nat_find(bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0), vip, be);
+}
+
+static __always_inline int reverse(struct bpf_sock *sk, struct sl_backend *addr)
+{
+	return sl_nat_reverse(bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0), addr);
 }
 
 /* Records a connected socket's VIP and backend, so that getpeername can
@@ -295,7 +374,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 	__u32 proto = ctx->protocol;
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 1;
-	struct sl_backend vip, be, prev;
+	struct sl_backend vip, be = {}, prev = {};
 	if (v6)
 		from6(ctx, &vip);
 	else
@@ -306,7 +385,10 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 	if (!svc)
 		return 1; /* not a service: the common case */
 	int have_prev = !connected && remembered(ctx->sk, &vip, &prev);
-	if (pick(ctx, svc, &be, have_prev ? &prev : 0) < 0) {
+	struct sl_lb_sock *st = 0;
+	if (proto == IPPROTO_UDP)
+		st = bpf_sk_storage_get(&sl_lb_sk, ctx->sk, 0, 0);
+	if (pick(ctx, &k, svc, &be, have_prev ? &prev : 0, st, &vip) < 0) {
 		lb_event(ctx, SL_EV_LB_REFUSED, svc->id, &vip, 0, proto);
 		/* As kube-proxy's REJECT rule: connection refused, at once. */
 		bpf_set_retval(-SL_ECONNREFUSED);

@@ -56,12 +56,15 @@ const (
 	servicelbSlLbCounterSL_LB_CONNS_TRACKED    servicelbSlLbCounter = 7
 	servicelbSlLbCounterSL_LB_ERR_CONNS        servicelbSlLbCounter = 8
 	servicelbSlLbCounterSL_LB_EVENTS_LOST      servicelbSlLbCounter = 9
-	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 10
+	servicelbSlLbCounterSL_LB_NAT_EVICTED      servicelbSlLbCounter = 10
+	servicelbSlLbCounterSL_LB_PICK_AMBIGUOUS   servicelbSlLbCounter = 11
+	servicelbSlLbCounterSL_LB_BANK_RETRY       servicelbSlLbCounter = 12
+	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 13
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [10]uint64
+	C [13]uint64
 }
 
 type servicelbSlMember struct {

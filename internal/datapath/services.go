@@ -90,7 +90,11 @@ type ApplyStats struct {
 // ApplyServices makes the load balancer serve exactly set. Each frontend
 // changes in one map update (its new backends are written to the bank not
 // in use first), so a connect sees the old backends or the new ones, never
-// a mix; connections already established are not touched.
+// a mix; the bank it leaves stays until the next change of the frontend
+// rewrites it, so a connect that read the frontend just before the switch
+// finds its slot (one that read it two changes ago reads the frontend
+// again: SL_LB_BANK_RETRIES). Connections already established are not
+// touched.
 func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	start := time.Now()
 	var st ApplyStats
@@ -134,7 +138,7 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	var mVals []servicelbSlMember
 	var sKeys []servicelbSlSvcKey
 	var sVals []servicelbSlSvcVal
-	var staleB []servicelbSlBackendKey
+	var staleB, leftB []servicelbSlBackendKey
 	var staleM []servicelbSlMemberKey
 	var newSel []servicelbSlMemberKey
 	var newRefused []uint32
@@ -147,8 +151,16 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 				continue
 			}
 			st.Updated++
-			for i := range int(old.Ready) + int(old.Terminating) {
-				staleB = append(staleB, servicelbSlBackendKey{Id: old.Id, Slot: uint32(old.Bank)<<bankShift | uint32(i)})
+			// The live bank stays as it is: a connect that read the
+			// frontend before the switch still finds its slot there.
+			// The bank written now may hold more slots, from the
+			// apply before last: they go before the switch.
+			for i := len(f.backends); ; i++ {
+				k := servicelbSlBackendKey{Id: old.Id, Slot: uint32(val.Bank)<<bankShift | uint32(i)}
+				if _, ok := slots[k]; !ok {
+					break
+				}
+				leftB = append(leftB, k)
 			}
 		} else {
 			val.Id = newID()
@@ -199,6 +211,9 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	}
 
 	// New banks and members first, then publish, then clean up.
+	if err := deleteAll(d.lb.SlSvcBackends, leftB); err != nil {
+		return st, fmt.Errorf("clearing the banks to write: %w", err)
+	}
 	if err := batchPut(d.lb.SlSvcBackends, bKeys, bVals); err != nil {
 		return st, fmt.Errorf("writing backends: %w", err)
 	}

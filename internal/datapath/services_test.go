@@ -78,7 +78,8 @@ func entries(t *testing.T, m *ebpf.Map) int {
 
 // TestApplyServicesMaps applies 10,000 services, again unchanged, with half
 // of them changed, and none, and checks every map's contents each time:
-// the old bank and removed members leave, nothing else does.
+// removed members and services leave, a changed frontend's previous bank
+// stays until its next change, nothing else does.
 func TestApplyServicesMaps(t *testing.T) {
 	dp := testDatapath(t)
 	const n = 10000
@@ -90,7 +91,10 @@ func TestApplyServicesMaps(t *testing.T) {
 	}{
 		{"create", manyServices(t, n, 0), n, 0, 0, 0, n, 2 * n, 2 * n, n},
 		{"unchanged", manyServices(t, n, 0), 0, 0, 0, 0, n, 2 * n, 2 * n, n},
-		{"half changed", manyServices(t, n, n/2), 0, n / 2, 0, n / 2, n, 2 * n, 2 * n, n},
+		// A changed frontend's previous bank stays (2 slots each) for
+		// connects that read the frontend before the switch.
+		{"half changed", manyServices(t, n, n/2), 0, n / 2, 0, n / 2, n, 3 * n, 2 * n, n},
+		{"changed back", manyServices(t, n, 0), 0, n / 2, 0, n / 2, n, 3 * n, 2 * n, n},
 		{"none", &service.Set{}, 0, 0, n, 2 * n, 0, 0, 0, 0},
 	}
 	for _, s := range steps {
@@ -118,5 +122,36 @@ func TestApplyServicesMaps(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestApplyKeepsPreviousBank: across changes of one frontend's size, the
+// live bank holds the new backends and the other bank the previous ones
+// (so a connect that read the frontend before the switch finds its slot);
+// slots past the previous set's end never linger.
+func TestApplyKeepsPreviousBank(t *testing.T) {
+	dp := testDatapath(t)
+	set := func(n int) *service.Set {
+		s := &service.Service{Name: "grow", VIPs: []netip.Addr{netip.MustParseAddr("198.19.0.1")}, Ports: []service.Port{{Port: 80}}}
+		for i := range n {
+			s.Backends = append(s.Backends, service.Backend{IP: netip.AddrFrom4([4]byte{198, 18, 1, byte(i + 1)})})
+		}
+		ss, err := service.NewSet([]*service.Service{s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ss
+	}
+	live, prev := 0, 0
+	for _, n := range []int{4, 2, 1, 3, 3, 5} {
+		if _, err := dp.ApplyServices(set(n)); err != nil {
+			t.Fatal(err)
+		}
+		if n != live { // unchanged: nothing is written
+			live, prev = n, live
+		}
+		if got := entries(t, dp.lb.SlSvcBackends); got != live+prev {
+			t.Errorf("after an apply of %d backends (previous bank %d): %d slots, want %d", n, prev, got, live+prev)
+		}
 	}
 }

@@ -72,19 +72,32 @@ struct sl_affinity {
 };
 
 /* One translation a socket made: the virtual address it asked for and the
- * backend it got. */
+ * backend it got; used is the socket's clock (sl_lb_sock.clock) at its last
+ * send there. */
 struct sl_nat {
 	struct sl_backend vip;
 	struct sl_backend be;
+	__u32 used;
 };
 
-#define SL_LB_SOCK_NATS 8
+/* Translations one socket keeps: the least recently used goes when a
+ * socket talks to more VIPs than this (SL_LB_NAT_EVICTED counts it; a
+ * reply from its backend then shows the backend's address). */
+#define SL_LB_SOCK_NATS 32
+
+/* Backends tried, when a UDP socket's pick is ambiguous (its backend and
+ * port already answer for another VIP of the socket), before taking it. */
+#define SL_LB_PICK_TRIES 4
+
+/* Re-reads of a frontend whose backend slot was gone (an apply published
+ * a new set between the frontend's lookup and the slot's). */
+#define SL_LB_BANK_RETRIES 2
 
 /* Per-socket translations (socket storage): getpeername answers with the
  * VIP, and replies to unconnected UDP sends appear to come from it. */
 struct sl_lb_sock {
 	struct sl_nat nat[SL_LB_SOCK_NATS];
-	__u32 next;
+	__u32 clock;
 	__u32 pad;
 };
 
@@ -112,6 +125,9 @@ enum sl_lb_counter {
 	SL_LB_CONNS_TRACKED,    /* connected sockets recorded for destruction on backend removal */
 	SL_LB_ERR_CONNS,        /* connected socket could not be recorded */
 	SL_LB_EVENTS_LOST,      /* events dropped: the event ring was full */
+	SL_LB_NAT_EVICTED,      /* a socket's least recently used translation dropped for another VIP */
+	SL_LB_PICK_AMBIGUOUS,   /* UDP picks left ambiguous: every backend tried answers for another VIP of the socket */
+	SL_LB_BANK_RETRY,       /* frontend re-read: an apply published new backends during the pick */
 	SL_LB_MAX,
 };
 

@@ -146,10 +146,21 @@ func resetLoss(c, s summary) uint64 {
 // waitPort waits until something listens on the pod's port.
 func waitPort(t *testing.T, p *testbed.Pod, listen string) {
 	t.Helper()
+	waitSocket(t, p, "-Htln", listen)
+}
+
+// waitUDPPort waits for a UDP socket bound to listen's port.
+func waitUDPPort(t *testing.T, p *testbed.Pod, listen string) {
+	t.Helper()
+	waitSocket(t, p, "-Huln", listen)
+}
+
+func waitSocket(t *testing.T, p *testbed.Pod, ssFlags, listen string) {
+	t.Helper()
 	port := listen[strings.LastIndex(listen, ":")+1:]
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		cmd, err := p.Command("ss", "-Htln", "sport = :"+port)
+		cmd, err := p.Command("ss", ssFlags, "sport = :"+port)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,7 +37,7 @@ var (
 	famCapDropped  = family{"capture_dropped_total", "Bypassed messages a running capture missed, by reason: ring_full (the reader fell behind) or rate_limit.", prometheus.CounterValue, []string{"reason"}}
 	famSockets     = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
 
-	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction).", prometheus.CounterValue, []string{"event"}}
+	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction), nat_evicted (a UDP socket's least recently used VIP translation dropped: it talks to more than 32 VIPs), pick_ambiguous (a UDP socket's pick whose backend already answers for another of its VIPs, no other backend to be had), bank_retry (a pick that read the frontend again because an apply published new backends meanwhile).", prometheus.CounterValue, []string{"event"}}
 	famLBErrors    = family{"lb_errors_total", "Service load balancer errors, by kind.", prometheus.CounterValue, []string{"error"}}
 	famLBSelected  = family{"lb_backend_selections_total", "Connections (and unconnected UDP sends) sent to one backend of one service frontend.", prometheus.CounterValue, []string{"service", "frontend", "backend"}}
 	famLBRefused   = family{"lb_no_backend_total", "Connects and sends to a service frontend refused because it had no usable backend.", prometheus.CounterValue, []string{"service", "frontend"}}
@@ -108,4 +108,7 @@ var lbCounters = map[string]counterRef{
 	"err_storage":      {famLBErrors, "storage"},
 	"err_conns":        {famLBErrors, "conns_table"},
 	"events_lost":      {famEventsLost, "lb"},
+	"nat_evicted":      {famLBEvents, "nat_evicted"},
+	"pick_ambiguous":   {famLBEvents, "pick_ambiguous"},
+	"bank_retry":       {famLBEvents, "bank_retry"},
 }

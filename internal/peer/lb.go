@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -35,14 +36,20 @@ func Whoami(ctx context.Context, network, addr, label string) error {
 		go func() { <-ctx.Done(); pc.Close() }()
 		buf := make([]byte, 2048)
 		for {
-			_, from, err := pc.ReadFrom(buf)
+			n, from, err := pc.ReadFrom(buf)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
 				return err
 			}
-			_, _ = pc.WriteTo([]byte(label), from)
+			reply := []byte(label)
+			if bytes.HasPrefix(buf[:n], []byte(fanoutTag)) {
+				// A fanout request: answered with itself, so that the
+				// client knows which of its sends this answers.
+				reply = append(append(reply, ' '), buf[:n]...)
+			}
+			_, _ = pc.WriteTo(reply, from)
 		}
 	}
 	return fmt.Errorf("network %q: want tcp or udp", network)
