@@ -20,7 +20,7 @@ func newAgentCmd(g *globals) *cobra.Command {
 	var webCfg agent.WebConfig
 	var bpfStats bool
 	var podSelector, criSocket string
-	var podInterval time.Duration
+	var podInterval, sweepInterval time.Duration
 	var kubeServices bool
 	var kubeconfig, kubePodSelector, nodeName string
 	cmd := &cobra.Command{
@@ -37,7 +37,7 @@ socklane with 'socklane down'.`,
 			defer stop()
 			cfg := set.config(g, cgs)
 			cfg.ServicesFile, cfg.ServicesInterval = servicesFile, servicesInterval
-			cfg.Web, cfg.BPFStats = webCfg, bpfStats
+			cfg.Web, cfg.BPFStats, cfg.SweepInterval = webCfg, bpfStats, sweepInterval
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
 			cfg.KubePodSelector, cfg.NodeName = kubePodSelector, nodeName
@@ -55,6 +55,7 @@ socklane with 'socklane down'.`,
 	cmd.Flags().StringVar(&podSelector, "pod-selector", "", "attach to the running pods whose labels match key=value[,key=value] (found through the container runtime; pods that start later are attached, pods that go away detached); without --cgroup the cgroup v2 root is then not attached")
 	cmd.Flags().StringVar(&criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket (for --pod-selector)")
 	cmd.Flags().DurationVar(&podInterval, "pod-interval", agent.DefaultPodInterval, "how often to list pods for --pod-selector")
+	cmd.Flags().DurationVar(&sweepInterval, "sweep-interval", agent.DefaultSweepInterval, "how often to reclaim the connection slots and load balancer entries of sockets that closed while their cgroup was detached")
 	cmd.Flags().BoolVar(&kubeServices, "kube-services", false, "serve the cluster's Services and EndpointSlices, watched through the Kubernetes API server")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --kube-services or --kube-pod-selector: kubeconfig file (default: the in-cluster configuration)")
 	cmd.Flags().StringVar(&kubePodSelector, "kube-pod-selector", "", "attach to the pods the API server places on this node whose labels match this Kubernetes label selector (found in the runtime by UID; pods that go away are detached)")

@@ -198,6 +198,9 @@ func newDetachCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("socklane is not attached to %s", target.Path)
 				}
 			}
+			// What sockets of earlier detached cgroups left behind; the
+			// agent's sweep reclaims the ones still open later.
+			agent.Reclaim(dp, g.logger(os.Stderr))
 			if g.json() {
 				return writeJSON(cmd.OutOrStdout(), map[string]any{"detached": targets})
 			}

@@ -52,6 +52,9 @@ type Config struct {
 	ServicesInterval time.Duration
 	// Web is where and how /metrics and the probes are served.
 	Web WebConfig
+	// SweepInterval is how often what sockets of detached cgroups left
+	// behind is reclaimed (default DefaultSweepInterval).
+	SweepInterval time.Duration
 	// BPFStats turns the kernel's BPF run-time statistics on while the
 	// agent runs (bpf_program_* metrics; costs tens of ns per run).
 	BPFStats bool
@@ -220,11 +223,7 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 		log.Info("bypass attached", "cgroup", t.Path, "cgroup_id", t.ID, "link_id", a.LinkID)
 	}
 	// Sockets that closed while nothing was attached left their entries.
-	if n, err := PruneTrackedSockets(dp); err != nil {
-		log.Warn("pruning the load balancer's socket table", "err", err)
-	} else if n > 0 {
-		log.Info("load balancer forgot closed sockets", "sockets", n)
-	}
+	Reclaim(dp, log)
 	return dp, nil
 }
 
@@ -346,6 +345,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	log.Info("agent running; the datapath stays in place when the agent stops (remove it with `socklane down`)")
 	tick := time.NewTicker(30 * time.Second)
 	defer tick.Stop()
+	// Sockets of detached cgroups (by hand, or pods gone) close unseen.
+	sweep := tickerOr(cfg.SweepInterval, DefaultSweepInterval)
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -359,6 +361,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			if err != nil {
 				return fmt.Errorf("kubernetes source: %w", err)
 			}
+		case <-sweep.C:
+			Reclaim(dp, log)
 		case <-tick.C:
 			if c, err := dp.Counters(); err == nil {
 				log.Info("bypass", "conns_bypassed", c["conns_bypassed"], "redirect_bytes", c["redirect_bytes"])

@@ -15,6 +15,10 @@ import (
 // its standing selector.
 const DefaultPodInterval = 2 * time.Second
 
+// DefaultSweepInterval is how often the agent reclaims what sockets of
+// detached cgroups left behind.
+const DefaultSweepInterval = 30 * time.Second
+
 // podWatch keeps the datapath attached to exactly the running pods that
 // match a label selector.
 type podWatch struct {
@@ -86,11 +90,7 @@ func (w *podWatch) reconcile(ctx context.Context) {
 	}
 	if detached > 0 || len(gone) > 0 {
 		// Sockets that outlive their cgroup's attachment close unseen.
-		if n, err := PruneTrackedSockets(w.dp); err != nil {
-			w.log.Error("pruning the load balancer's socket table", "err", err)
-		} else if n > 0 {
-			w.log.Info("load balancer forgot closed sockets", "sockets", n)
-		}
+		Reclaim(w.dp, w.log)
 	}
 }
 

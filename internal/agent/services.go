@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -132,6 +133,34 @@ func PruneTrackedSockets(dp *datapath.Datapath) (int, error) {
 		}
 	}
 	return dp.ForgetTracked(gone)
+}
+
+// SweepSlots frees the bypass's connection slots whose member sockets all
+// closed unseen (their cgroup was detached meanwhile).
+func SweepSlots(dp *datapath.Datapath) (datapath.SweepStats, error) {
+	return dp.Sweep(func(socks []datapath.MemberSocket) (map[uint64]bool, error) {
+		targets := make([]sockdiag.Target, len(socks))
+		for i, s := range socks {
+			targets[i] = sockdiag.Target{Cookie: s.Cookie, Netns: s.Netns, Protocol: unix.IPPROTO_TCP}
+		}
+		return sockdiag.Owned(targets)
+	})
+}
+
+// Reclaim returns what sockets that closed while their cgroup was
+// detached left behind: the load balancer's entries and the bypass's
+// connection slots. Errors are logged: the next round tries again.
+func Reclaim(dp *datapath.Datapath, log *slog.Logger) {
+	if n, err := PruneTrackedSockets(dp); err != nil {
+		log.Warn("pruning the load balancer's socket table", "err", err)
+	} else if n > 0 {
+		log.Info("load balancer forgot closed sockets", "sockets", n)
+	}
+	if st, err := SweepSlots(dp); err != nil {
+		log.Warn("sweeping connection slots", "err", err)
+	} else if st.Reclaimed > 0 {
+		log.Info("connection slots reclaimed", "reclaimed", st.Reclaimed, "in_use", st.InUse-st.Reclaimed)
+	}
 }
 
 // diagTargets names tracked sockets for sock_diag.

@@ -246,6 +246,8 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	c->tcp_bytes[0] = c->tcp_bytes[1] = 0;
 	c->path[0] = c->path[1] = SL_PATH_UNDECIDED;
 	c->reason[0] = c->reason[1] = 0;
+	c->cookie[SL_ROLE_CLIENT] = bpf_get_socket_cookie(skops);
+	c->cookie[SL_ROLE_SERVER] = 0;
 	c->word = mkword(gen, SL_CONN_PENDING, 1u << SL_ROLE_CLIENT);
 	set_member_sock(sk, slot, SL_ROLE_CLIENT);
 
@@ -303,6 +305,12 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	struct sl_conn *c = conn_of(slot);
 	if (!c)
 		return;
+	/* Nothing of the slot is written unless it is still the pending
+	 * connection the index entry names (an entry outlives its slot for a
+	 * moment when the agent's sweep reclaims it). */
+	__u64 w = c->word;
+	if (word_gen(w) != gen || word_state(w) != SL_CONN_PENDING)
+		return;
 	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st) {
 		count(SL_C_ERR_STORAGE, 1);
@@ -321,6 +329,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	st->checked = 0;
 	st->win_left = 0;
 	c->server_netns = bpf_get_netns_cookie(skops);
+	c->cookie[SL_ROLE_SERVER] = bpf_get_socket_cookie(skops);
 	set_member_sock(sk, slot, SL_ROLE_SERVER);
 
 	/* A client that reads in blocking mode keeps the connection on TCP;
@@ -737,4 +746,20 @@ int sl_release(struct bpf_sock *sk)
 	if (c && word_gen(c->word) == st->gen)
 		credit_window(st, c, member_sock(st->slot, st->role));
 	return 1;
+}
+/* Run by the agent's sweep (BPF_PROG_TEST_RUN) for a slot whose member
+ * sockets are all gone (their cgroup was detached, so their close was never
+ * seen): frees it, unless it changed since the sweep read it. The agent
+ * then removes its index entry and returns it to sl_conn_free (a queue,
+ * which a sleepable program cannot use). Returns 1 if it freed the slot. */
+SEC("syscall")
+int sl_reclaim(struct sl_reclaim_args *a)
+{
+	__u32 slot = a->slot;
+	__u64 old = a->word;
+	struct sl_conn *c = conn_of(slot);
+	if (!c || word_state(old) == SL_CONN_FREE || !word_members(old))
+		return 0;
+	__u64 new = mkword(word_gen(old) + 1, SL_CONN_FREE, 0);
+	return __sync_val_compare_and_swap(&c->word, old, new) == old;
 }

@@ -50,6 +50,7 @@ type bypassSlConn struct {
 	TcpBytes    [2]uint64
 	ServerNetns uint64
 	ClientNetns uint64
+	Cookie      [2]uint64
 	Path        [2]uint8
 	Reason      [2]uint8
 	Pad         uint32
@@ -166,7 +167,7 @@ type bypassSlEventsCfg struct {
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 2
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 3
 )
 
 type bypassSlListener struct {
@@ -183,6 +184,13 @@ const (
 	bypassSlPathSL_PATH_BYPASS    bypassSlPath = 1
 	bypassSlPathSL_PATH_TCP       bypassSlPath = 2
 )
+
+type bypassSlReclaimArgs struct {
+	_    structs.HostLayout
+	Slot uint32
+	Pad  uint32
+	Word uint64
+}
 
 type bypassSlRole uint32
 
@@ -241,6 +249,7 @@ const (
 	bypassMapSlSockhash    = "sl_sockhash"
 	bypassMapSlStats       = "sl_stats"
 	bypassProgSlMsg        = "sl_msg"
+	bypassProgSlReclaim    = "sl_reclaim"
 	bypassProgSlRelease    = "sl_release"
 	bypassProgSlSockops    = "sl_sockops"
 	bypassVarBacklogLimit  = "backlog_limit"
@@ -293,6 +302,7 @@ type bypassSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
 	SlMsg     *ebpf.ProgramSpec `ebpf:"sl_msg"`
+	SlReclaim *ebpf.ProgramSpec `ebpf:"sl_reclaim"`
 	SlRelease *ebpf.ProgramSpec `ebpf:"sl_release"`
 	SlSockops *ebpf.ProgramSpec `ebpf:"sl_sockops"`
 }
@@ -402,6 +412,7 @@ type bypassVariables struct {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
 	SlMsg     *ebpf.Program `ebpf:"sl_msg"`
+	SlReclaim *ebpf.Program `ebpf:"sl_reclaim"`
 	SlRelease *ebpf.Program `ebpf:"sl_release"`
 	SlSockops *ebpf.Program `ebpf:"sl_sockops"`
 }
@@ -409,6 +420,7 @@ type bypassPrograms struct {
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.SlMsg,
+		p.SlReclaim,
 		p.SlRelease,
 		p.SlSockops,
 	)

@@ -20,6 +20,7 @@ const (
 	progPinSockops = "prog_sl_sockops"
 	progPinMsg     = "prog_sl_msg"
 	progPinRelease = "prog_sl_release"
+	progPinReclaim = "prog_sl_reclaim"
 	linkPinPrefix  = "link_"
 )
 
@@ -172,6 +173,9 @@ func create(cfg Config) (*Datapath, error) {
 	if err := d.objs.SlRelease.Pin(filepath.Join(cfg.PinDir, progPinRelease)); err != nil {
 		return nil, fmt.Errorf("pinning sl_release: %w", err)
 	}
+	if err := d.objs.SlReclaim.Pin(filepath.Join(cfg.PinDir, progPinReclaim)); err != nil {
+		return nil, fmt.Errorf("pinning sl_reclaim: %w", err)
+	}
 	// Pinned last: its presence marks a complete datapath.
 	if err := d.objs.SlMsg.Pin(filepath.Join(cfg.PinDir, progPinMsg)); err != nil {
 		return nil, fmt.Errorf("pinning sl_msg: %w", err)
@@ -211,6 +215,10 @@ func adopt(cfg Config) (*Datapath, error) {
 	if d.objs.SlRelease, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinRelease), nil); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("adopting pinned sl_release (pinned by an older socklane: run `socklane down`): %w", err)
+	}
+	if d.objs.SlReclaim, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinReclaim), nil); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("adopting pinned sl_reclaim: %w", err)
 	}
 	if err := d.adoptLB(); err != nil {
 		d.Close()

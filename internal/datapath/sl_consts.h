@@ -48,7 +48,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 2,
+	SL_LAYOUT_VERSION = 3,
 };
 
 /* Connection state, packed with generation and membership in one 64-bit word

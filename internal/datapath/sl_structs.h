@@ -72,6 +72,8 @@ struct sl_conn {
 	__u64 tcp_bytes[2];
 	__u64 server_netns;       /* the server socket's network namespace cookie */
 	__u64 client_netns;       /* the client socket's network namespace cookie */
+	__u64 cookie[2];          /* socket cookie per member role: what the agent's sweep
+				   * looks for after the members' cgroup is detached */
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
 	__u32 pad;
@@ -104,6 +106,14 @@ struct sl_listener_val {
 struct sl_conn_socks {
 	struct sock __kptr_untrusted *client;
 	struct sock __kptr_untrusted *server;
+};
+
+/* What the agent's sweep hands sl_reclaim: a slot and the state word it
+ * saw, with members whose sockets are gone. */
+struct sl_reclaim_args {
+	__u32 slot;
+	__u32 pad;
+	__u64 word;
 };
 
 /* Per-socket state in socket storage. */

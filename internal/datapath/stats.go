@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -129,55 +128,40 @@ func (d *Datapath) Conns() ([]Conn, error) {
 		return nil, fmt.Errorf("reading the monotonic clock: %w", err)
 	}
 	nowNs := uint64(now.Nano())
-	n := int(d.objs.SlConns.MaxEntries())
-	keys := make([]uint32, 4096)
-	vals := make([]bypassSlConn, 4096)
 	var out []Conn
-	var cursor ebpf.MapBatchCursor
-	for done := 0; done < n; {
-		cnt, err := d.objs.SlConns.BatchLookup(&cursor, keys, vals, nil)
-		for i := 0; i < cnt; i++ {
-			c := vals[i]
-			state := uint32(c.Word>>16) & 0xffff
-			members := uint32(c.Word) & 0xffff
-			if state == uint32(bypassSlConnStateSL_CONN_FREE) || members == 0 {
-				continue
-			}
-			row := Conn{
-				Slot:        keys[i],
-				State:       stateNames[state],
-				Client:      netip.AddrPortFrom(addrOf(c.Client.LocalIp), c.Client.LocalPort),
-				Server:      netip.AddrPortFrom(addrOf(c.Client.RemoteIp), c.Client.RemotePort),
-				NetNS:       c.ClientNetns,
-				ServerNetNS: c.ServerNetns,
-			}
-			if nowNs > c.StartNs {
-				row.Age = time.Duration(nowNs - c.StartNs)
-			}
-			if members&1 != 0 {
-				row.Members = append(row.Members, "client")
-			}
-			if members&2 != 0 {
-				row.Members = append(row.Members, "server")
-			}
-			dirs := [2]*Direction{&row.ClientToServer, &row.ServerToClient}
-			for j, dd := range dirs {
-				dd.Path = pathNames[c.Path[j]]
-				dd.Msgs, dd.Bytes = c.Msgs[j], c.Bytes[j]
-				dd.TCPMsgs, dd.TCPBytes = c.TcpMsgs[j], c.TcpBytes[j]
-				if r := int(c.Reason[j]); r > 0 && r < len(names) {
-					dd.Fallback = names[r]
-				}
-			}
-			out = append(out, row)
+	err := d.eachConn(func(slot uint32, c *bypassSlConn) {
+		state := uint32(c.Word>>16) & 0xffff
+		members := uint32(c.Word) & 0xffff
+		row := Conn{
+			Slot:        slot,
+			State:       stateNames[state],
+			Client:      netip.AddrPortFrom(addrOf(c.Client.LocalIp), c.Client.LocalPort),
+			Server:      netip.AddrPortFrom(addrOf(c.Client.RemoteIp), c.Client.RemotePort),
+			NetNS:       c.ClientNetns,
+			ServerNetNS: c.ServerNetns,
 		}
-		done += cnt
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
+		if nowNs > c.StartNs {
+			row.Age = time.Duration(nowNs - c.StartNs)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("reading sl_conns: %w", err)
+		if members&1 != 0 {
+			row.Members = append(row.Members, "client")
 		}
+		if members&2 != 0 {
+			row.Members = append(row.Members, "server")
+		}
+		dirs := [2]*Direction{&row.ClientToServer, &row.ServerToClient}
+		for j, dd := range dirs {
+			dd.Path = pathNames[c.Path[j]]
+			dd.Msgs, dd.Bytes = c.Msgs[j], c.Bytes[j]
+			dd.TCPMsgs, dd.TCPBytes = c.TcpMsgs[j], c.TcpBytes[j]
+			if r := int(c.Reason[j]); r > 0 && r < len(names) {
+				dd.Fallback = names[r]
+			}
+		}
+		out = append(out, row)
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
