@@ -28,7 +28,7 @@ k8s-binaries: ## build (once, cached by version) the Kubernetes API server and e
 	./scripts/k8s-binaries.sh
 
 unit: ## tests that need no root
-	$(GO) test -count=1 ./internal/cgroups/ ./internal/peer/ ./internal/service/ ./internal/sockdiag/ ./internal/metrics/ ./internal/pcap/ ./internal/conntable/ ./internal/cri/ ./internal/top/
+	$(GO) test -count=1 ./internal/cgroups/ ./internal/peer/ ./internal/service/ ./internal/sockdiag/ ./internal/metrics/ ./internal/pcap/ ./internal/conntable/ ./internal/cri/ ./internal/top/ ./internal/procsock/
 
 check-generated: generate ## fail if committed generated files differ from a fresh build
 	git diff --exit-code -- internal/datapath/

@@ -242,11 +242,35 @@ func newPeerCmd() *cobra.Command {
 		},
 	}
 	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
-		newPlantCmd(ctx), newVictimCmd(ctx), newFastOpenCmd(ctx), newOpenCmd(ctx), fanout)
+		newPlantCmd(ctx), newVictimCmd(ctx), newFastOpenCmd(ctx), newOpenCmd(ctx), newListenCmd(ctx), fanout)
 	return cmd
 }
 
 // newPlantCmd is the attacker of the connection-takeover tests.
+func newListenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+	var ports string
+	c := &cobra.Command{
+		Use:   "listen --ports A-B IP",
+		Short: "Listen on every port of the range and hold the listeners until interrupted",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ip, err := netip.ParseAddr(args[0])
+			if err != nil {
+				return fmt.Errorf("IP %q: %w", args[0], err)
+			}
+			ps, err := peer.ParsePorts(ports)
+			if err != nil {
+				return err
+			}
+			ctx, stop := ctx()
+			defer stop()
+			return peer.ListenMany(ctx, ip, ps, func(n int) { fmt.Fprintln(os.Stderr, "listening", n) })
+		},
+	}
+	c.Flags().StringVar(&ports, "ports", "", "ports, A or A-B")
+	return c
+}
+
 func newOpenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
 	var ports string
 	var count int

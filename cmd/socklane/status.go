@@ -33,6 +33,10 @@ type statusReport struct {
 	LBCounters     map[string]uint64 `json:"lb_counters"`
 	TrackedSockets int               `json:"lb_tracked_sockets"`
 	Services       []serviceView     `json:"services"`
+	// What each owner (a cgroup) may hold of the node-wide tables, and
+	// the owners that were refused entries beyond it.
+	Quotas    datapath.Quotas  `json:"owner_quotas"`
+	OverQuota []datapath.Owner `json:"owners_over_quota"`
 }
 
 func newStatusCmd(g *globals) *cobra.Command {
@@ -78,6 +82,21 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if rep.TrackedSockets, err = dp.TrackedSockets(); err != nil {
 				return err
 			}
+			rep.Quotas = datapath.OwnerQuotas()
+			owners, err := dp.Owners()
+			if err != nil {
+				return err
+			}
+			rep.OverQuota = []datapath.Owner{}
+			root, _ := cgroups.Root()
+			for _, o := range owners {
+				if o.Refused() {
+					if root != "" {
+						o.Path, _ = cgroups.PathOf(root, o.Cgroup)
+					}
+					rep.OverQuota = append(rep.OverQuota, o)
+				}
+			}
 			if g.json() {
 				return writeJSON(cmd.OutOrStdout(), rep)
 			}
@@ -110,6 +129,11 @@ func newStatusCmd(g *globals) *cobra.Command {
 				}
 				slices.Sort(bes)
 				fmt.Fprintf(w, "service %s\tselected %s\trefused %d\n", v.Key(), strings.Join(bes, " "), v.Refused)
+			}
+			for _, o := range rep.OverQuota {
+				fmt.Fprintf(w, "over quota	%s	cgroup id %d	refused conns %d (holds %d of %d)	listeners %d (%d of %d)	lb conns %d (%d of %d)\n",
+					o.Path, o.Cgroup, o.RefusedConns, o.Conns, rep.Quotas.Conns, o.RefusedListeners, o.Listeners, rep.Quotas.Listeners,
+					o.RefusedLBConns, o.LBConns, rep.Quotas.LBConns)
 			}
 			return w.Flush()
 		},

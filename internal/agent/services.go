@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/service"
 	"github.com/socklane/socklane/internal/sockdiag"
@@ -161,6 +162,42 @@ func Reclaim(dp *datapath.Datapath, log *slog.Logger) {
 	} else if st.Reclaimed > 0 {
 		log.Info("connection slots reclaimed", "reclaimed", st.Reclaimed, "in_use", st.InUse-st.Reclaimed)
 	}
+	if n, err := forgetGoneOwners(dp); err != nil {
+		log.Warn("forgetting the quotas of removed cgroups", "err", err)
+	} else if n > 0 {
+		log.Info("quotas of removed cgroups forgotten", "owners", n)
+	}
+}
+
+// forgetGoneOwners removes the quota entries, and the listener entries, of
+// cgroups that no longer exist.
+func forgetGoneOwners(dp *datapath.Datapath) (int, error) {
+	root, err := cgroups.Root()
+	if err != nil {
+		return 0, err
+	}
+	owners, err := dp.Owners()
+	if err != nil {
+		return 0, err
+	}
+	gone := map[uint64]bool{}
+	for _, o := range owners {
+		if _, err := cgroups.PathOf(root, o.Cgroup); errors.Is(err, cgroups.ErrGone) {
+			gone[o.Cgroup] = true
+		}
+	}
+	// Their listeners' close went unseen too.
+	if _, err := dp.ForgetListenersOf(gone); err != nil {
+		return 0, err
+	}
+	n := 0
+	for id := range gone {
+		if err := dp.ForgetOwner(id); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // diagTargets names tracked sockets for sock_diag.

@@ -4,6 +4,7 @@ package cgroups
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -136,4 +137,37 @@ func ID(path string) (uint64, error) {
 		return 0, fmt.Errorf("stat %s: %w", path, err)
 	}
 	return st.Ino, nil
+}
+
+// fileIDKernfs is the file handle type of a kernfs (cgroup) node, whose
+// handle is its 64-bit id.
+const fileIDKernfs = 0xfe
+
+// ErrGone means no cgroup has the id any more.
+var ErrGone = errors.New("cgroup gone")
+
+// PathOf finds the directory of the cgroup with id under root (through
+// open_by_handle_at, as the kernel names cgroups by id). It returns ErrGone
+// when the cgroup was removed.
+func PathOf(root string, id uint64) (string, error) {
+	mnt, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("opening %s: %w", root, err)
+	}
+	defer unix.Close(mnt)
+	var b [8]byte
+	binary.NativeEndian.PutUint64(b[:], id)
+	fd, err := unix.OpenByHandleAt(mnt, unix.NewFileHandle(fileIDKernfs, b[:]), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
+	if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
+		return "", ErrGone
+	}
+	if err != nil {
+		return "", fmt.Errorf("finding cgroup %d: %w", id, err)
+	}
+	defer unix.Close(fd)
+	path, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return "", fmt.Errorf("naming cgroup %d: %w", id, err)
+	}
+	return path, nil
 }

@@ -43,6 +43,7 @@ struct sl_enums {
 	enum sl_event_type event_type;
 	struct sl_event event;
 	struct sl_cap_hdr cap_hdr;
+	enum sl_quota quota;
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
 
@@ -147,29 +148,51 @@ static __always_inline void listener_of(struct sl_conn *c, struct sl_listener *l
 	l->port = c->client.remote_port;
 }
 
-/* Remembers how the server's listener hands out sockets. */
-static __always_inline void note_listener(struct sl_conn *c, int blocking)
+/* Remembers how a listener hands out sockets, from one it handed out
+ * (server): a listener not recorded at listen() (listening before socklane
+ * was attached, or refused over its owner's quota then) is recorded now,
+ * charged to the server's owner. */
+static __always_inline void learn_listener(struct sl_listener *l, int blocking, struct sock *server)
+{
+	__u32 mode = blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING;
+	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, l);
+	if (v) {
+		if (v->accepted != mode)
+			v->accepted = mode;
+		return;
+	}
+	__u64 owner = sock_owner(server);
+	if (!owner_charge(owner, SL_HOLD_LISTENERS)) {
+		count(SL_C_LISTENER_QUOTA, 1);
+		return;
+	}
+	struct sl_listener_val nv = {.owner = owner, .accepted = mode};
+	if (bpf_map_update_elem(&sl_listeners, l, &nv, BPF_NOEXIST))
+		owner_release(owner, SL_HOLD_LISTENERS);
+}
+
+static __always_inline void note_listener(struct sl_conn *c, __u32 slot, int blocking)
 {
 	struct sl_listener l;
 	listener_of(c, &l);
-	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
-	if (!v)
-		return; /* listening before socklane was attached: unknown */
-	__u32 mode = blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING;
-	if (v->accepted != mode)
-		v->accepted = mode;
+	learn_listener(&l, blocking, member_sock(slot, SL_ROLE_SERVER));
 }
 
-/* What the server's listener predicts for a socket not yet accepted. */
+/* What the server's listener predicts for a socket not yet accepted: 1
+ * blocking, 0 non-blocking, -1 not known (the listener was not recorded:
+ * the connection is kept on TCP, the safe side, and the listener learned
+ * from the socket it hands out). */
 static __always_inline int listener_blocks(struct sl_conn *c)
 {
 	struct sl_listener l;
 	listener_of(c, &l);
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
 	if (!v)
-		return 0;
+		return -1;
 	if (v->accepted != SL_ACCEPTED_UNKNOWN)
 		return v->accepted == SL_ACCEPTED_BLOCKING;
+	if (!v->sk)
+		return -1;
 	return sock_blocking(v->sk) == 1;
 }
 
@@ -182,10 +205,10 @@ static __always_inline int server_blocks(struct sl_conn *c, __u32 slot)
 {
 	int b = sock_blocking(member_sock(slot, SL_ROLE_SERVER));
 	if (b >= 0) {
-		note_listener(c, b);
+		note_listener(c, slot, b);
 		return b;
 	}
-	return listener_blocks(c);
+	return listener_blocks(c) != 0;
 }
 
 static __always_inline void set_flags(struct bpf_sock_ops *skops, int add, int clear)
@@ -229,14 +252,23 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		count(SL_C_ERR_STORAGE, 1);
 		return;
 	}
+	/* The slot is charged to the client's owner, within its quota. */
+	__u64 owner = sock_owner((struct sock *)bpf_skc_to_tcp_sock(sk));
+	if (!owner_charge(owner, SL_HOLD_CONNS)) {
+		count(SL_C_FALLBACK_QUOTA, 1);
+		return;
+	}
 	__u32 slot;
 	if (bpf_map_pop_elem(&sl_conn_free, &slot)) {
+		owner_release(owner, SL_HOLD_CONNS);
 		count(SL_C_ERR_CONN_TABLE_FULL, 1);
 		return;
 	}
 	struct sl_conn *c = conn_of(slot);
-	if (!c)
+	if (!c) {
+		owner_release(owner, SL_HOLD_CONNS);
 		return;
+	}
 	__u32 gen = word_gen(c->word);
 	c->client = t;
 	c->start_ns = bpf_ktime_get_ns();
@@ -247,6 +279,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	c->path[0] = c->path[1] = SL_PATH_UNDECIDED;
 	c->reason[0] = c->reason[1] = 0;
 	c->cookie[SL_ROLE_CLIENT] = bpf_get_socket_cookie(skops);
+	c->owner = owner;
 	c->cookie[SL_ROLE_SERVER] = 0;
 	c->word = mkword(gen, SL_CONN_PENDING, 1u << SL_ROLE_CLIENT);
 	set_member_sock(sk, slot, SL_ROLE_CLIENT);
@@ -327,6 +360,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	st->in_map = 0;
 	st->evict_peer = 0;
 	st->checked = 0;
+	st->learn = 0;
 	st->win_left = 0;
 	c->server_netns = bpf_get_netns_cookie(skops);
 	c->cookie[SL_ROLE_SERVER] = bpf_get_socket_cookie(skops);
@@ -335,14 +369,21 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	/* A client that reads in blocking mode keeps the connection on TCP;
 	 * its file is known here (connect() has not returned yet). So does a
 	 * server whose listener hands out blocking sockets: deciding before it
-	 * joins means its first read never runs in the sockmap's receive path. */
-	if (blocking_tcp && (sock_blocking(member_sock(slot, SL_ROLE_CLIENT)) == 1 ||
-			     listener_blocks(c))) {
+	 * joins means its first read never runs in the sockmap's receive path.
+	 * A listener not known keeps it on TCP too, and is learned from this
+	 * socket at its first transmit after accept(). */
+	int lb = blocking_tcp ? listener_blocks(c) : 0;
+	if (blocking_tcp && (sock_blocking(member_sock(slot, SL_ROLE_CLIENT)) == 1 || lb)) {
+		__u32 why = lb < 0 ? SL_C_FALLBACK_NO_LISTENER : SL_C_FALLBACK_BLOCKING;
+		if (lb < 0) {
+			st->learn = 1;
+			set_flags(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
+		}
 		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP) {
-			c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;
+			c->reason[0] = c->reason[1] = why;
 			count(SL_C_CONNS_TCP, 1);
-			count(SL_C_FALLBACK_BLOCKING, 1);
-			conn_event(c, SL_EV_TCP, SL_C_FALLBACK_BLOCKING, 2, SL_ROLE_SERVER);
+			count(why, 1);
+			conn_event(c, SL_EV_TCP, why, 2, SL_ROLE_SERVER);
 		}
 		return;
 	}
@@ -382,15 +423,28 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 	struct bpf_sock *sk = skops->sk;
 	if (!sk)
 		return;
+	struct sock *lsk = (struct sock *)bpf_skc_to_tcp_sock(sk);
 	struct sl_listener l;
 	listener_key(skops, &l);
-	struct sl_listener_val v = {};
-	if (bpf_map_update_elem(&sl_listeners, &l, &v, BPF_ANY))
-		return;
 	struct sl_listener_val *pv = bpf_map_lookup_elem(&sl_listeners, &l);
-	if (!pv)
-		return;
-	pv->sk = (struct sock *)bpf_skc_to_tcp_sock(sk);
+	if (!pv) {
+		/* A new entry is charged to the listener's owner. */
+		__u64 owner = sock_owner(lsk);
+		if (!owner_charge(owner, SL_HOLD_LISTENERS)) {
+			count(SL_C_LISTENER_QUOTA, 1);
+			return;
+		}
+		struct sl_listener_val v = {.owner = owner};
+		if (bpf_map_update_elem(&sl_listeners, &l, &v, BPF_NOEXIST)) {
+			owner_release(owner, SL_HOLD_LISTENERS);
+			return;
+		}
+		pv = bpf_map_lookup_elem(&sl_listeners, &l);
+		if (!pv)
+			return;
+	}
+	pv->sk = lsk;
+	pv->accepted = SL_ACCEPTED_UNKNOWN;
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, 0);
 }
 
@@ -402,8 +456,11 @@ static __always_inline void on_listener_close(struct bpf_sock_ops *skops)
 	struct sl_listener l;
 	listener_key(skops, &l);
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
-	if (v && v->sk == (struct sock *)bpf_skc_to_tcp_sock(sk))
-		bpf_map_delete_elem(&sl_listeners, &l);
+	if (v && v->sk == (struct sock *)bpf_skc_to_tcp_sock(sk)) {
+		__u64 owner = v->owner;
+		if (!bpf_map_delete_elem(&sl_listeners, &l))
+			owner_release(owner, SL_HOLD_LISTENERS);
+	}
 }
 
 /* A socket closing under an open verdict window: what the kernel used of
@@ -468,6 +525,18 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 		set_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		return;
 	}
+	if (st->learn) {
+		/* A server kept on TCP for its unknown listener: once
+		 * accept() gave it a file, its mode is the listener's. */
+		struct sock *self = (struct sock *)bpf_skc_to_tcp_sock(sk);
+		int b = sock_blocking(self);
+		if (b >= 0) {
+			struct sl_listener l;
+			listener_key(skops, &l);
+			learn_listener(&l, b, self);
+			st->learn = 0;
+		}
+	}
 	if (st->evict_peer) {
 		st->evict_peer = 0;
 		if (!bpf_map_delete_elem(&sl_sockhash, &st->peer_id))
@@ -504,7 +573,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 	/* Off once nothing more can be asked of this callback: the socket
 	 * left the map. A bypassed socket hardly transmits, so leaving it on
 	 * costs nothing while it may still have to leave. */
-	if (!st->in_map)
+	if (!st->in_map && !st->learn)
 		set_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 }
 
@@ -588,10 +657,11 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 	/* Kept on TCP for a blocking end: learn what the server really is, if
 	 * it was accepted already, so that a listener mispredicted as blocking
 	 * does not stay so. */
-	if (state == SL_CONN_TCP && c->reason[SL_ROLE_SERVER] == SL_C_FALLBACK_BLOCKING) {
+	if (state == SL_CONN_TCP && (c->reason[SL_ROLE_SERVER] == SL_C_FALLBACK_BLOCKING ||
+				     c->reason[SL_ROLE_SERVER] == SL_C_FALLBACK_NO_LISTENER)) {
 		int b = sock_blocking(member_sock(st->slot, SL_ROLE_SERVER));
 		if (b >= 0)
-			note_listener(c, b);
+			note_listener(c, st->slot, b);
 	}
 	/* The server did not join (remote, unmanaged, or not yet accepted):
 	 * the whole connection stays on TCP and the client leaves the map at
@@ -617,7 +687,7 @@ static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *
 	int b = sock_blocking((struct sock *)bpf_skc_to_tcp_sock(msg->sk));
 	if (b < 0)
 		return;
-	note_listener(c, b);
+	note_listener(c, st->slot, b);
 	if (b)
 		leave_for_blocking(st, c);
 }
@@ -761,5 +831,35 @@ int sl_reclaim(struct sl_reclaim_args *a)
 	if (!c || word_state(old) == SL_CONN_FREE || !word_members(old))
 		return 0;
 	__u64 new = mkword(word_gen(old) + 1, SL_CONN_FREE, 0);
-	return __sync_val_compare_and_swap(&c->word, old, new) == old;
+	if (__sync_val_compare_and_swap(&c->word, old, new) != old)
+		return 0;
+	owner_release(c->owner, SL_HOLD_CONNS);
+	return 1;
+}
+
+/* Run by the agent (BPF_PROG_TEST_RUN) for each listener of a cgroup it
+ * attaches to that was listening already: its mode (the listening socket's
+ * O_NONBLOCK, as for one recorded at listen()) predicts the sockets it
+ * hands out, so its first connections need not stay on TCP. A listener
+ * already recorded is left as it is. Returns 1 if it recorded it. */
+SEC("syscall")
+int sl_seed_listener(struct sl_seed_args *a)
+{
+	struct sl_listener l = {.netns = a->netns, .port = a->port};
+	if (bpf_map_lookup_elem(&sl_listeners, &l))
+		return 0;
+	__u64 owner = a->owner;
+	if (!owner_charge(owner, SL_HOLD_LISTENERS)) {
+		count(SL_C_LISTENER_QUOTA, 1);
+		return 0;
+	}
+	struct sl_listener_val v = {
+		.owner = owner,
+		.accepted = a->blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING,
+	};
+	if (bpf_map_update_elem(&sl_listeners, &l, &v, BPF_NOEXIST)) {
+		owner_release(owner, SL_HOLD_LISTENERS);
+		return 0;
+	}
+	return 1;
 }

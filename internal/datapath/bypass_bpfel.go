@@ -51,6 +51,7 @@ type bypassSlConn struct {
 	ServerNetns uint64
 	ClientNetns uint64
 	Cookie      [2]uint64
+	Owner       uint64
 	Path        [2]uint8
 	Reason      [2]uint8
 	Pad         uint32
@@ -101,12 +102,15 @@ const (
 	bypassSlCounterSL_C_FALLBACK_BRIEF          bypassSlCounter = 24
 	bypassSlCounterSL_C_FALLBACK_NO_PEER        bypassSlCounter = 25
 	bypassSlCounterSL_C_FALLBACK_NO_HANDSHAKE   bypassSlCounter = 26
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 27
+	bypassSlCounterSL_C_FALLBACK_QUOTA          bypassSlCounter = 27
+	bypassSlCounterSL_C_FALLBACK_NO_LISTENER    bypassSlCounter = 28
+	bypassSlCounterSL_C_LISTENER_QUOTA          bypassSlCounter = 29
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 30
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [27]uint64
+	C [30]uint64
 }
 
 type bypassSlDest struct {
@@ -167,7 +171,7 @@ type bypassSlEventsCfg struct {
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 3
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 4
 )
 
 type bypassSlListener struct {
@@ -177,12 +181,28 @@ type bypassSlListener struct {
 	Pad   uint32
 }
 
+type bypassSlOwner struct {
+	_                structs.HostLayout
+	Conns            uint64
+	Listeners        uint64
+	RefusedConns     uint64
+	RefusedListeners uint64
+}
+
 type bypassSlPath uint32
 
 const (
 	bypassSlPathSL_PATH_UNDECIDED bypassSlPath = 0
 	bypassSlPathSL_PATH_BYPASS    bypassSlPath = 1
 	bypassSlPathSL_PATH_TCP       bypassSlPath = 2
+)
+
+type bypassSlQuota uint32
+
+const (
+	bypassSlQuotaSL_OWNER_CONNS     bypassSlQuota = 8192
+	bypassSlQuotaSL_OWNER_LISTENERS bypassSlQuota = 1024
+	bypassSlQuotaSL_OWNER_LB_CONNS  bypassSlQuota = 16384
 )
 
 type bypassSlReclaimArgs struct {
@@ -199,6 +219,14 @@ const (
 	bypassSlRoleSL_ROLE_SERVER bypassSlRole = 1
 )
 
+type bypassSlSeedArgs struct {
+	_        structs.HostLayout
+	Netns    uint64
+	Owner    uint64
+	Port     uint32
+	Blocking uint32
+}
+
 type bypassSlSock struct {
 	_         structs.HostLayout
 	SelfId    uint32
@@ -212,7 +240,8 @@ type bypassSlSock struct {
 	InMap     uint8
 	EvictPeer uint8
 	Checked   uint8
-	Pad       uint16
+	Learn     uint8
+	Pad       uint8
 	WinLeft   uint32
 	OverSince uint32
 }
@@ -233,30 +262,32 @@ type bypassSlTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bypassMapSlBrief       = "sl_brief"
-	bypassMapSlCapSettings = "sl_cap_settings"
-	bypassMapSlCapTokens   = "sl_cap_tokens"
-	bypassMapSlCapture     = "sl_capture"
-	bypassMapSlConnFree    = "sl_conn_free"
-	bypassMapSlConnIndex   = "sl_conn_index"
-	bypassMapSlConnSocks   = "sl_conn_socks"
-	bypassMapSlConns       = "sl_conns"
-	bypassMapSlEvSettings  = "sl_ev_settings"
-	bypassMapSlEvents      = "sl_events"
-	bypassMapSlLayout      = "sl_layout"
-	bypassMapSlListeners   = "sl_listeners"
-	bypassMapSlSkState     = "sl_sk_state"
-	bypassMapSlSockhash    = "sl_sockhash"
-	bypassMapSlStats       = "sl_stats"
-	bypassProgSlMsg        = "sl_msg"
-	bypassProgSlReclaim    = "sl_reclaim"
-	bypassProgSlRelease    = "sl_release"
-	bypassProgSlSockops    = "sl_sockops"
-	bypassVarBacklogLimit  = "backlog_limit"
-	bypassVarBlockingTcp   = "blocking_tcp"
-	bypassVarBriefLearn    = "brief_learn"
-	bypassVarSlEnumsUnused = "sl_enums_unused"
-	bypassVarVerdictWindow = "verdict_window"
+	bypassMapSlBrief         = "sl_brief"
+	bypassMapSlCapSettings   = "sl_cap_settings"
+	bypassMapSlCapTokens     = "sl_cap_tokens"
+	bypassMapSlCapture       = "sl_capture"
+	bypassMapSlConnFree      = "sl_conn_free"
+	bypassMapSlConnIndex     = "sl_conn_index"
+	bypassMapSlConnSocks     = "sl_conn_socks"
+	bypassMapSlConns         = "sl_conns"
+	bypassMapSlEvSettings    = "sl_ev_settings"
+	bypassMapSlEvents        = "sl_events"
+	bypassMapSlLayout        = "sl_layout"
+	bypassMapSlListeners     = "sl_listeners"
+	bypassMapSlOwners        = "sl_owners"
+	bypassMapSlSkState       = "sl_sk_state"
+	bypassMapSlSockhash      = "sl_sockhash"
+	bypassMapSlStats         = "sl_stats"
+	bypassProgSlMsg          = "sl_msg"
+	bypassProgSlReclaim      = "sl_reclaim"
+	bypassProgSlRelease      = "sl_release"
+	bypassProgSlSeedListener = "sl_seed_listener"
+	bypassProgSlSockops      = "sl_sockops"
+	bypassVarBacklogLimit    = "backlog_limit"
+	bypassVarBlockingTcp     = "blocking_tcp"
+	bypassVarBriefLearn      = "brief_learn"
+	bypassVarSlEnumsUnused   = "sl_enums_unused"
+	bypassVarVerdictWindow   = "verdict_window"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -301,10 +332,11 @@ type bypassSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
-	SlMsg     *ebpf.ProgramSpec `ebpf:"sl_msg"`
-	SlReclaim *ebpf.ProgramSpec `ebpf:"sl_reclaim"`
-	SlRelease *ebpf.ProgramSpec `ebpf:"sl_release"`
-	SlSockops *ebpf.ProgramSpec `ebpf:"sl_sockops"`
+	SlMsg          *ebpf.ProgramSpec `ebpf:"sl_msg"`
+	SlReclaim      *ebpf.ProgramSpec `ebpf:"sl_reclaim"`
+	SlRelease      *ebpf.ProgramSpec `ebpf:"sl_release"`
+	SlSeedListener *ebpf.ProgramSpec `ebpf:"sl_seed_listener"`
+	SlSockops      *ebpf.ProgramSpec `ebpf:"sl_sockops"`
 }
 
 // bypassMapSpecs contains maps before they are loaded into the kernel.
@@ -323,6 +355,7 @@ type bypassMapSpecs struct {
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlLayout      *ebpf.MapSpec `ebpf:"sl_layout"`
 	SlListeners   *ebpf.MapSpec `ebpf:"sl_listeners"`
+	SlOwners      *ebpf.MapSpec `ebpf:"sl_owners"`
 	SlSkState     *ebpf.MapSpec `ebpf:"sl_sk_state"`
 	SlSockhash    *ebpf.MapSpec `ebpf:"sl_sockhash"`
 	SlStats       *ebpf.MapSpec `ebpf:"sl_stats"`
@@ -371,6 +404,7 @@ type bypassMaps struct {
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlLayout      *ebpf.Map `ebpf:"sl_layout"`
 	SlListeners   *ebpf.Map `ebpf:"sl_listeners"`
+	SlOwners      *ebpf.Map `ebpf:"sl_owners"`
 	SlSkState     *ebpf.Map `ebpf:"sl_sk_state"`
 	SlSockhash    *ebpf.Map `ebpf:"sl_sockhash"`
 	SlStats       *ebpf.Map `ebpf:"sl_stats"`
@@ -390,6 +424,7 @@ func (m *bypassMaps) Close() error {
 		m.SlEvents,
 		m.SlLayout,
 		m.SlListeners,
+		m.SlOwners,
 		m.SlSkState,
 		m.SlSockhash,
 		m.SlStats,
@@ -411,10 +446,11 @@ type bypassVariables struct {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
-	SlMsg     *ebpf.Program `ebpf:"sl_msg"`
-	SlReclaim *ebpf.Program `ebpf:"sl_reclaim"`
-	SlRelease *ebpf.Program `ebpf:"sl_release"`
-	SlSockops *ebpf.Program `ebpf:"sl_sockops"`
+	SlMsg          *ebpf.Program `ebpf:"sl_msg"`
+	SlReclaim      *ebpf.Program `ebpf:"sl_reclaim"`
+	SlRelease      *ebpf.Program `ebpf:"sl_release"`
+	SlSeedListener *ebpf.Program `ebpf:"sl_seed_listener"`
+	SlSockops      *ebpf.Program `ebpf:"sl_sockops"`
 }
 
 func (p *bypassPrograms) Close() error {
@@ -422,6 +458,7 @@ func (p *bypassPrograms) Close() error {
 		p.SlMsg,
 		p.SlReclaim,
 		p.SlRelease,
+		p.SlSeedListener,
 		p.SlSockops,
 	)
 }

@@ -21,6 +21,7 @@ const (
 	progPinMsg     = "prog_sl_msg"
 	progPinRelease = "prog_sl_release"
 	progPinReclaim = "prog_sl_reclaim"
+	progPinSeed    = "prog_sl_seed_listener"
 	linkPinPrefix  = "link_"
 )
 
@@ -67,6 +68,9 @@ type Datapath struct {
 	// counterNames and lbCounterNames index the counter arrays, read
 	// from the object once: a scrape reads the counters only.
 	counterNames, lbCounterNames []string
+	// listenerOwnerOff locates the owner in struct sl_listener_val (no Go
+	// type: it holds a kptr).
+	listenerOwnerOff int
 }
 
 // Pinned reports whether a datapath is pinned in dir.
@@ -100,6 +104,12 @@ func Open(cfg Config) (*Datapath, error) {
 	}
 	if d.counterNames, err = CounterNames(); err == nil {
 		d.lbCounterNames, err = LBCounterNames()
+	}
+	if err == nil {
+		var spec *ebpf.CollectionSpec
+		if spec, err = loadBypass(); err == nil {
+			d.listenerOwnerOff, err = memberOffset(spec, "sl_listener_val", "owner")
+		}
 	}
 	if err != nil {
 		d.Close()
@@ -176,6 +186,9 @@ func create(cfg Config) (*Datapath, error) {
 	if err := d.objs.SlReclaim.Pin(filepath.Join(cfg.PinDir, progPinReclaim)); err != nil {
 		return nil, fmt.Errorf("pinning sl_reclaim: %w", err)
 	}
+	if err := d.objs.SlSeedListener.Pin(filepath.Join(cfg.PinDir, progPinSeed)); err != nil {
+		return nil, fmt.Errorf("pinning sl_seed_listener: %w", err)
+	}
 	// Pinned last: its presence marks a complete datapath.
 	if err := d.objs.SlMsg.Pin(filepath.Join(cfg.PinDir, progPinMsg)); err != nil {
 		return nil, fmt.Errorf("pinning sl_msg: %w", err)
@@ -220,6 +233,10 @@ func adopt(cfg Config) (*Datapath, error) {
 		d.Close()
 		return nil, fmt.Errorf("adopting pinned sl_reclaim: %w", err)
 	}
+	if d.objs.SlSeedListener, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinSeed), nil); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("adopting pinned sl_seed_listener: %w", err)
+	}
 	if err := d.adoptLB(); err != nil {
 		d.Close()
 		return nil, err
@@ -257,6 +274,9 @@ type Attachment struct {
 	CgroupID uint64 `json:"cgroup_id"`
 	Path     string `json:"cgroup_path,omitempty"`
 	LinkID   uint32 `json:"link_id"`
+	// SeededListeners counts the listeners found listening already when
+	// the cgroup was attached.
+	SeededListeners int `json:"seeded_listeners,omitempty"`
 }
 
 func (d *Datapath) linkPin(h string, cgroupID uint64) string {
@@ -307,6 +327,10 @@ func (d *Datapath) Attach(path string, cgroupID uint64) (*Attachment, error) {
 		if err := d.forgetDests(); err != nil {
 			return nil, err
 		}
+		// And servers listening already: record their listeners. Best
+		// effort: a listener missed keeps its first connections on TCP
+		// (the safe side) until it is learned from one.
+		a.SeededListeners, _ = d.seedListeners(path)
 	}
 	return a, nil
 }

@@ -58,6 +58,7 @@ func (d *Datapath) lbPrograms() map[string]**ebpf.Program {
 		"sl_recvmsg4": &p.SlRecvmsg4, "sl_recvmsg6": &p.SlRecvmsg6,
 		"sl_getpeername4": &p.SlGetpeername4, "sl_getpeername6": &p.SlGetpeername6,
 		"sl_sock_release": &p.SlSockRelease,
+		"sl_lb_forget":    &p.SlLbForget,
 	}
 }
 

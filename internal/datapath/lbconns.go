@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 
@@ -78,16 +77,15 @@ func (d *Datapath) TrackedSockets() (int, error) {
 // load balancer seeing them go (their cgroup was detached meanwhile), and
 // returns how many it removed. Entries already gone are skipped.
 func (d *Datapath) ForgetTracked(cookies []uint64) (int, error) {
+	// Through sl_lb_forget, which also returns the entry's charge to its
+	// owner's quota.
 	n := 0
 	for _, c := range cookies {
-		err := d.lb.SlLbConns.Delete(c)
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			continue
-		}
+		ret, err := d.lb.SlLbForget.Run(&ebpf.RunOptions{Context: servicelbSlLbForgetArgs{Cookie: c}})
 		if err != nil {
 			return n, fmt.Errorf("forgetting translated socket %d: %w", c, err)
 		}
-		n++
+		n += int(ret)
 	}
 	return n, nil
 }

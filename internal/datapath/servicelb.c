@@ -31,6 +31,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 struct sl_lb_enums {
 	enum sl_lb_counter counter;
 	enum sl_member_state state;
+	struct sl_lb_forget_args forget;
 };
 const struct sl_lb_enums *sl_lb_enums_unused __attribute__((unused));
 
@@ -140,7 +141,6 @@ static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const str
 	struct sl_affinity_key ak = {};
 	__u64 now = 0;
 	if (svc->affinity_s) {
-		ak.netns = bpf_get_netns_cookie(ctx);
 		ak.cgroup = bpf_get_current_cgroup_id();
 		ak.id = id;
 		now = bpf_ktime_get_ns();
@@ -301,25 +301,79 @@ static __always_inline int reverse(struct bpf_sock *sk, struct sl_backend *addr)
 	return sl_nat_reverse(bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0), addr);
 }
 
+/* Returns one sl_lb_conns entry charged to owner, never below zero. */
+static __always_inline void lb_owner_release(__u64 owner)
+{
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (!o)
+		return;
+	for (int i = 0; i < 4; i++) {
+		__u64 v = o->conns;
+		if (!v || __sync_val_compare_and_swap(&o->conns, v, v - 1) == v)
+			return;
+	}
+}
+
+/* Charges owner one sl_lb_conns entry within SL_OWNER_LB_CONNS. */
+static __always_inline int lb_owner_charge(__u64 owner)
+{
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (!o) {
+		struct sl_lb_owner zero = {};
+		bpf_map_update_elem(&sl_lb_owners, &owner, &zero, BPF_NOEXIST);
+		o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+		if (!o)
+			return 0;
+	}
+	if (__sync_fetch_and_add(&o->conns, 1) < SL_OWNER_LB_CONNS)
+		return 1;
+	__sync_fetch_and_add(&o->conns, -1);
+	__sync_fetch_and_add(&o->refused, 1);
+	return 0;
+}
+
 /* Records a connected socket's VIP and backend, so that getpeername can
  * answer with the VIP and the agent can destroy the socket when the
- * backend is removed. */
+ * backend is removed. A new entry is charged to the connecting process's
+ * cgroup: one pod cannot fill the table others' sockets are recorded in. */
 static __always_inline int track(struct bpf_sock_addr *ctx, __u32 id, const struct sl_backend *vip,
 				 const struct sl_backend *be, __u32 proto)
 {
 	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct sl_lb_conn *old = bpf_map_lookup_elem(&sl_lb_conns, &cookie);
+	__u64 owner = old ? old->owner : bpf_get_current_cgroup_id();
+	if (!old && !lb_owner_charge(owner)) {
+		lb_count(SL_LB_QUOTA);
+		return 0;
+	}
 	struct sl_lb_conn c = {
 		.member = {.id = id, .be = *be},
 		.vip = *vip,
 		.netns = bpf_get_netns_cookie(ctx),
+		.owner = owner,
 		.proto = proto,
 	};
 	if (bpf_map_update_elem(&sl_lb_conns, &cookie, &c, BPF_ANY) == 0) {
 		lb_count(SL_LB_CONNS_TRACKED);
 		return 1;
 	}
+	if (!old)
+		lb_owner_release(owner);
 	lb_count(SL_LB_ERR_CONNS);
 	return 0;
+}
+
+/* Forgets one recorded socket and returns its owner's charge. */
+static __always_inline int forget(__u64 cookie)
+{
+	struct sl_lb_conn *c = bpf_map_lookup_elem(&sl_lb_conns, &cookie);
+	if (!c)
+		return 0;
+	__u64 owner = c->owner;
+	if (bpf_map_delete_elem(&sl_lb_conns, &cookie))
+		return 0;
+	lb_owner_release(owner);
+	return 1;
 }
 
 static __always_inline void from4(struct bpf_sock_addr *ctx, struct sl_backend *a)
@@ -484,14 +538,18 @@ int sl_sock_release(struct bpf_sock *sk)
 	if (sk->protocol == IPPROTO_TCP) {
 		if (!sock_has_cookie(sk))
 			return 1;
-		cookie = bpf_get_socket_cookie(sk);
-		if (!bpf_map_lookup_elem(&sl_lb_conns, &cookie))
-			return 1;
-	} else {
-		if (!bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0))
-			return 1;
-		cookie = bpf_get_socket_cookie(sk);
+	} else if (!bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0)) {
+		return 1;
 	}
-	bpf_map_delete_elem(&sl_lb_conns, &cookie);
+	cookie = bpf_get_socket_cookie(sk);
+	forget(cookie);
 	return 1;
+}
+
+/* Run by the agent (BPF_PROG_TEST_RUN) for a recorded socket that closed
+ * while its cgroup was detached. Returns 1 if it was forgotten. */
+SEC("syscall")
+int sl_lb_forget(struct sl_lb_forget_args *a)
+{
+	return forget(a->cookie);
 }

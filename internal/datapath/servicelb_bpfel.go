@@ -15,7 +15,6 @@ import (
 
 type servicelbSlAffinityKey struct {
 	_      structs.HostLayout
-	Netns  uint64
 	Cgroup uint64
 	Id     uint32
 	Pad    uint32
@@ -39,6 +38,7 @@ type servicelbSlLbConn struct {
 	Member servicelbSlMemberKey
 	Vip    servicelbSlBackend
 	Netns  uint64
+	Owner  uint64
 	Proto  uint8
 	Pad    [7]uint8
 }
@@ -59,12 +59,24 @@ const (
 	servicelbSlLbCounterSL_LB_NAT_EVICTED      servicelbSlLbCounter = 10
 	servicelbSlLbCounterSL_LB_PICK_AMBIGUOUS   servicelbSlLbCounter = 11
 	servicelbSlLbCounterSL_LB_BANK_RETRY       servicelbSlLbCounter = 12
-	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 13
+	servicelbSlLbCounterSL_LB_QUOTA            servicelbSlLbCounter = 13
+	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 14
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [13]uint64
+	C [14]uint64
+}
+
+type servicelbSlLbForgetArgs struct {
+	_      structs.HostLayout
+	Cookie uint64
+}
+
+type servicelbSlLbOwner struct {
+	_       structs.HostLayout
+	Conns   uint64
+	Refused uint64
 }
 
 type servicelbSlMember struct {
@@ -112,6 +124,7 @@ const (
 	servicelbMapSlEvSettings    = "sl_ev_settings"
 	servicelbMapSlEvents        = "sl_events"
 	servicelbMapSlLbConns       = "sl_lb_conns"
+	servicelbMapSlLbOwners      = "sl_lb_owners"
 	servicelbMapSlLbSk          = "sl_lb_sk"
 	servicelbMapSlLbStats       = "sl_lb_stats"
 	servicelbMapSlSvc           = "sl_svc"
@@ -124,6 +137,7 @@ const (
 	servicelbProgSlConnect6     = "sl_connect6"
 	servicelbProgSlGetpeername4 = "sl_getpeername4"
 	servicelbProgSlGetpeername6 = "sl_getpeername6"
+	servicelbProgSlLbForget     = "sl_lb_forget"
 	servicelbProgSlRecvmsg4     = "sl_recvmsg4"
 	servicelbProgSlRecvmsg6     = "sl_recvmsg6"
 	servicelbProgSlSendmsg4     = "sl_sendmsg4"
@@ -178,6 +192,7 @@ type servicelbProgramSpecs struct {
 	SlConnect6     *ebpf.ProgramSpec `ebpf:"sl_connect6"`
 	SlGetpeername4 *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
 	SlGetpeername6 *ebpf.ProgramSpec `ebpf:"sl_getpeername6"`
+	SlLbForget     *ebpf.ProgramSpec `ebpf:"sl_lb_forget"`
 	SlRecvmsg4     *ebpf.ProgramSpec `ebpf:"sl_recvmsg4"`
 	SlRecvmsg6     *ebpf.ProgramSpec `ebpf:"sl_recvmsg6"`
 	SlSendmsg4     *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
@@ -192,6 +207,7 @@ type servicelbMapSpecs struct {
 	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlLbConns     *ebpf.MapSpec `ebpf:"sl_lb_conns"`
+	SlLbOwners    *ebpf.MapSpec `ebpf:"sl_lb_owners"`
 	SlLbSk        *ebpf.MapSpec `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.MapSpec `ebpf:"sl_lb_stats"`
 	SlSvc         *ebpf.MapSpec `ebpf:"sl_svc"`
@@ -232,6 +248,7 @@ type servicelbMaps struct {
 	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlLbConns     *ebpf.Map `ebpf:"sl_lb_conns"`
+	SlLbOwners    *ebpf.Map `ebpf:"sl_lb_owners"`
 	SlLbSk        *ebpf.Map `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.Map `ebpf:"sl_lb_stats"`
 	SlSvc         *ebpf.Map `ebpf:"sl_svc"`
@@ -247,6 +264,7 @@ func (m *servicelbMaps) Close() error {
 		m.SlEvSettings,
 		m.SlEvents,
 		m.SlLbConns,
+		m.SlLbOwners,
 		m.SlLbSk,
 		m.SlLbStats,
 		m.SlSvc,
@@ -273,6 +291,7 @@ type servicelbPrograms struct {
 	SlConnect6     *ebpf.Program `ebpf:"sl_connect6"`
 	SlGetpeername4 *ebpf.Program `ebpf:"sl_getpeername4"`
 	SlGetpeername6 *ebpf.Program `ebpf:"sl_getpeername6"`
+	SlLbForget     *ebpf.Program `ebpf:"sl_lb_forget"`
 	SlRecvmsg4     *ebpf.Program `ebpf:"sl_recvmsg4"`
 	SlRecvmsg6     *ebpf.Program `ebpf:"sl_recvmsg6"`
 	SlSendmsg4     *ebpf.Program `ebpf:"sl_sendmsg4"`
@@ -286,6 +305,7 @@ func (p *servicelbPrograms) Close() error {
 		p.SlConnect6,
 		p.SlGetpeername4,
 		p.SlGetpeername6,
+		p.SlLbForget,
 		p.SlRecvmsg4,
 		p.SlRecvmsg6,
 		p.SlSendmsg4,

@@ -121,6 +121,51 @@ static __always_inline __u32 conn_decide(struct sl_conn *c, __u32 gen, __u32 sta
 	return word_state(seen);
 }
 
+enum { SL_HOLD_CONNS, SL_HOLD_LISTENERS };
+
+/* Charges owner one entry of a table, within its quota. Returns 0 (and
+ * counts the refusal) when it holds its quota, or when the owners table is
+ * full: a new owner then gets nothing rather than taking from others. */
+static __always_inline int owner_charge(__u64 owner, int what)
+{
+	struct sl_owner *o = bpf_map_lookup_elem(&sl_owners, &owner);
+	if (!o) {
+		struct sl_owner zero = {};
+		bpf_map_update_elem(&sl_owners, &owner, &zero, BPF_NOEXIST);
+		o = bpf_map_lookup_elem(&sl_owners, &owner);
+		if (!o)
+			return 0;
+	}
+	if (what == SL_HOLD_CONNS) {
+		if (__sync_fetch_and_add(&o->conns, 1) < SL_OWNER_CONNS)
+			return 1;
+		__sync_fetch_and_add(&o->conns, -1);
+		__sync_fetch_and_add(&o->refused_conns, 1);
+		return 0;
+	}
+	if (__sync_fetch_and_add(&o->listeners, 1) < SL_OWNER_LISTENERS)
+		return 1;
+	__sync_fetch_and_add(&o->listeners, -1);
+	__sync_fetch_and_add(&o->refused_listeners, 1);
+	return 0;
+}
+
+/* Returns one entry charged to owner. */
+static __always_inline void owner_release(__u64 owner, int what)
+{
+	struct sl_owner *o = bpf_map_lookup_elem(&sl_owners, &owner);
+	if (!o)
+		return;
+	__u64 *n = what == SL_HOLD_CONNS ? &o->conns : &o->listeners;
+	/* Never below zero: an entry the agent removed (its cgroup gone) and
+	 * made again must not wrap. */
+	for (int i = 0; i < 4; i++) {
+		__u64 v = *n;
+		if (!v || __sync_val_compare_and_swap(n, v, v - 1) == v)
+			return;
+	}
+}
+
 /* Drops role's membership; the last member returns the slot. */
 static __always_inline void conn_leave(struct sl_conn *c, __u32 slot, __u32 gen, __u32 role)
 {
@@ -133,8 +178,10 @@ static __always_inline void conn_leave(struct sl_conn *c, __u32 slot, __u32 gen,
 		__u64 new = members ? mkword(gen, word_state(old), members)
 				    : mkword(gen + 1, SL_CONN_FREE, 0);
 		if (__sync_val_compare_and_swap(&c->word, old, new) == old) {
-			if (!members)
+			if (!members) {
+				owner_release(c->owner, SL_HOLD_CONNS);
 				bpf_map_push_elem(&sl_conn_free, &slot, 0);
+			}
 			return;
 		}
 	}

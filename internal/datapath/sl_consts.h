@@ -39,6 +39,9 @@ enum sl_counter {
 	SL_C_FALLBACK_BRIEF,          /* connections left on TCP: their destination's are brief */
 	SL_C_FALLBACK_NO_PEER,        /* connections left on TCP: their destination's found no managed server */
 	SL_C_FALLBACK_NO_HANDSHAKE,   /* clients established without a handshake (TCP_REPAIR): left on TCP */
+	SL_C_FALLBACK_QUOTA,          /* connections left on TCP: their client's owner holds its quota of slots */
+	SL_C_FALLBACK_NO_LISTENER,    /* connections left on TCP: their listener's read mode is not known yet */
+	SL_C_LISTENER_QUOTA,          /* listeners not learned: their owner holds its quota of entries */
 	SL_C_MAX,
 };
 
@@ -48,7 +51,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 3,
+	SL_LAYOUT_VERSION = 4,
 };
 
 /* Connection state, packed with generation and membership in one 64-bit word
@@ -101,7 +104,19 @@ enum sl_role {
 #define SL_TCPHDR_ACK 0x10
 
 #define SL_NO_SLOT 0xffffffffu
-#define SL_MAX_LISTENERS 16384
+#define SL_MAX_LISTENERS 65536
+
+/* What one owner (the cgroup of a socket, or of the process making it: a
+ * pod's container) may hold of the node-wide tables. Beyond it, its new
+ * connections stay on TCP, its listeners are not learned (their
+ * connections stay on TCP), its connected sockets to service addresses
+ * are not recorded for destruction; other owners keep what they get. */
+enum sl_quota {
+	SL_OWNER_CONNS = 8192,      /* connection slots (of SL_MAX_CONNS) */
+	SL_OWNER_LISTENERS = 1024,  /* listener entries (of SL_MAX_LISTENERS) */
+	SL_OWNER_LB_CONNS = 16384,  /* translated connected sockets (of SL_MAX_LB_CONNS) */
+};
+#define SL_MAX_OWNERS 16384
 
 /* Service load balancer sizes. */
 #define SL_MAX_FRONTENDS 131072      /* (VIP, port, protocol) entries */

@@ -22,11 +22,24 @@ struct sock_common {
 	} skc_cookie;
 } __attribute__((preserve_access_index));
 
+struct kernfs_node {
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	struct kernfs_node *kn;
+} __attribute__((preserve_access_index));
+
+struct sock_cgroup_data {
+	struct cgroup *cgroup;
+} __attribute__((preserve_access_index));
+
 struct sock {
 	struct sock_common __sk_common;
 	void *sk_user_data;
 	int sk_rcvbuf;
 	struct socket *sk_socket;
+	struct sock_cgroup_data sk_cgrp_data;
 } __attribute__((preserve_access_index));
 
 #define SL_O_NONBLOCK 04000
@@ -66,6 +79,22 @@ static __always_inline int sock_blocking(struct sock *sk)
 	if (!f)
 		return -1;
 	return !(f->f_flags & SL_O_NONBLOCK);
+}
+
+/* The id of sk's cgroup (v2), what the socket's owner quotas are charged
+ * to: set when the socket is made, so a pod cannot move its sockets to
+ * another owner. 0 if unknown. */
+static __always_inline __u64 sock_owner(struct sock *sk)
+{
+	if (!sk)
+		return 0;
+	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+	if (!cg)
+		return 0;
+	struct kernfs_node *kn = cg->kn;
+	if (!kn)
+		return 0;
+	return kn->id;
 }
 
 static __always_inline struct sk_psock *psock_of(struct sock *sk)

@@ -77,6 +77,14 @@ struct {
 	__type(value, struct sl_lb_conn);
 } sl_lb_conns SEC(".maps");
 
+/* Per-owner holdings of sl_lb_conns (SL_OWNER_LB_CONNS each). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_OWNERS);
+	__type(key, __u64);
+	__type(value, struct sl_lb_owner);
+} sl_lb_owners SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);

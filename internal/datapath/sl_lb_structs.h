@@ -57,13 +57,26 @@ struct sl_member {
 	__u32 pad;
 };
 
-/* ClientIP affinity, per workload: network namespace and cgroup of the
- * connecting socket, so that two pods never share an entry. */
+/* ClientIP affinity, per workload: the cgroup of the connecting process,
+ * so that two pods (host-network ones too) never share an entry, and a pod
+ * making network namespaces cannot make more entries than it has
+ * (service, cgroup) pairs. */
 struct sl_affinity_key {
-	__u64 netns;
 	__u64 cgroup;
 	__u32 id;
 	__u32 pad;
+};
+
+/* What one owner (a cgroup id) holds of sl_lb_conns, and was refused. */
+struct sl_lb_owner {
+	__u64 conns;
+	__u64 refused;
+};
+
+/* What the agent hands sl_lb_forget: a translated socket that closed
+ * unseen. */
+struct sl_lb_forget_args {
+	__u64 cookie;
 };
 
 struct sl_affinity {
@@ -109,6 +122,7 @@ struct sl_lb_conn {
 	struct sl_member_key member; /* frontend id and backend */
 	struct sl_backend vip;       /* the address connect() asked for */
 	__u64 netns;                 /* network namespace cookie of the socket */
+	__u64 owner;                 /* cgroup id charged for the entry */
 	__u8 proto;                  /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 pad[7];
 };
@@ -128,6 +142,7 @@ enum sl_lb_counter {
 	SL_LB_NAT_EVICTED,      /* a socket's least recently used translation dropped for another VIP */
 	SL_LB_PICK_AMBIGUOUS,   /* UDP picks left ambiguous: every backend tried answers for another VIP of the socket */
 	SL_LB_BANK_RETRY,       /* frontend re-read: an apply published new backends during the pick */
+	SL_LB_QUOTA,            /* connected sockets not recorded: their owner holds its quota of sl_lb_conns */
 	SL_LB_MAX,
 };
 

@@ -67,13 +67,22 @@ struct {
 } sl_conn_index SEC(".maps");
 
 /* Listeners of managed cgroups, recorded at listen(): read when a client
- * sends before its server socket was accepted. */
+ * sends before its server socket was accepted. Not an LRU: one owner's
+ * listeners must not evict another's (SL_OWNER_LISTENERS bounds each). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_MAX_LISTENERS);
 	__type(key, struct sl_listener);
 	__type(value, struct sl_listener_val);
 } sl_listeners SEC(".maps");
+
+/* Per-owner holdings (see SL_OWNER_*). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_OWNERS);
+	__type(key, __u64);
+	__type(value, struct sl_owner);
+} sl_owners SEC(".maps");
 
 /* Destinations whose recent connections were brief (see sl_consts.h). */
 struct {

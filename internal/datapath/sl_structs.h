@@ -74,6 +74,7 @@ struct sl_conn {
 	__u64 client_netns;       /* the client socket's network namespace cookie */
 	__u64 cookie[2];          /* socket cookie per member role: what the agent's sweep
 				   * looks for after the members' cgroup is detached */
+	__u64 owner;              /* cgroup id charged for the slot (the client's) */
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
 	__u32 pad;
@@ -97,8 +98,18 @@ enum sl_accepted_mode {
  * the last socket it accepted. Kernel-only (kptr), no Go type. */
 struct sl_listener_val {
 	struct sock __kptr_untrusted *sk;
+	__u64 owner;    /* cgroup id charged for the entry */
 	__u32 accepted; /* enum sl_accepted_mode */
 	__u32 pad;
+};
+
+/* What one owner (a cgroup id) holds of the node-wide tables and what it was
+ * refused beyond its quota. */
+struct sl_owner {
+	__u64 conns;
+	__u64 listeners;
+	__u64 refused_conns;
+	__u64 refused_listeners;
 };
 
 /* The member sockets of a connection slot, for reading the receiver's queue.
@@ -116,6 +127,15 @@ struct sl_reclaim_args {
 	__u64 word;
 };
 
+/* A listener found by the agent when it attaches to a cgroup (one that
+ * listened before, so no listen() was seen): sl_seed_listener records it. */
+struct sl_seed_args {
+	__u64 netns;
+	__u64 owner;
+	__u32 port;
+	__u32 blocking;
+};
+
 /* Per-socket state in socket storage. */
 struct sl_sock {
 	__u32 self_id;   /* this socket's key in sl_sockhash */
@@ -129,7 +149,9 @@ struct sl_sock {
 	__u8 in_map;
 	__u8 evict_peer; /* remove the peer from sl_sockhash at the next callback */
 	__u8 checked;    /* this socket's file mode was looked at */
-	__u16 pad;
+	__u8 learn;      /* a server kept on TCP for its unknown listener: learn the
+			  * listener's mode from this socket at its first transmit */
+	__u8 pad;
 	__u32 win_left;  /* bytes of the open verdict window not yet counted */
 	__u32 over_since; /* when the peer's backlog went over the limit, in
 			   * units of 2^20 ns (| 1); 0 while under it */

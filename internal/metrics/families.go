@@ -35,6 +35,7 @@ var (
 	famEventsLost  = family{"events_lost_total", "Events dropped because the event ring buffer was full (only while a reader listens), by source.", prometheus.CounterValue, []string{"source"}}
 	famCaptured    = family{"capture_messages_total", "Bypassed messages captured by `socklane capture`.", prometheus.CounterValue, nil}
 	famCapDropped  = family{"capture_dropped_total", "Bypassed messages a running capture missed, by reason: ring_full (the reader fell behind) or rate_limit.", prometheus.CounterValue, []string{"reason"}}
+	famQuota       = family{"quota_refusals_total", "Entries of node-wide tables refused to an owner (a cgroup) holding its quota, by table; `socklane status` names the owners.", prometheus.CounterValue, []string{"table"}}
 	famSockets     = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
 
 	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction), nat_evicted (a UDP socket's least recently used VIP translation dropped: it talks to more than 32 VIPs), pick_ambiguous (a UDP socket's pick whose backend already answers for another of its VIPs, no other backend to be had), bank_retry (a pick that read the frontend again because an apply published new backends meanwhile).", prometheus.CounterValue, []string{"event"}}
@@ -52,7 +53,7 @@ var (
 
 var families = []family{
 	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
-	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets,
+	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
 	famProgRuns, famProgSeconds, famSetting, famCollectErr, famBuild,
@@ -84,6 +85,9 @@ var bypassCounters = map[string]counterRef{
 	"fallback_brief":          {famFallbacks, "brief"},
 	"fallback_no_peer":        {famFallbacks, "no_peer"},
 	"fallback_no_handshake":   {famFallbacks, "no_handshake"},
+	"fallback_quota":          {famFallbacks, "quota"},
+	"fallback_no_listener":    {famFallbacks, "no_listener"},
+	"listener_quota":          {famQuota, "listeners"},
 	"evictions":               {famEvictions, ""},
 	"closed":                  {famClosed, ""},
 	"err_sockhash":            {famDPErrors, "sockhash"},
@@ -111,4 +115,5 @@ var lbCounters = map[string]counterRef{
 	"nat_evicted":      {famLBEvents, "nat_evicted"},
 	"pick_ambiguous":   {famLBEvents, "pick_ambiguous"},
 	"bank_retry":       {famLBEvents, "bank_retry"},
+	"quota":            {famQuota, "lb_conns"},
 }

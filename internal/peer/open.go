@@ -41,3 +41,28 @@ func Open(ctx context.Context, ip netip.Addr, ports []uint16, count int, ready f
 	<-ctx.Done()
 	return nil
 }
+
+// ListenMany listens on every port of ip and holds the listeners until ctx
+// ends, calling ready with their number once all listen.
+func ListenMany(ctx context.Context, ip netip.Addr, ports []uint16, ready func(int)) error {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < uint64(len(ports))+64 {
+		return fmt.Errorf("%d listeners need more open files than this process may have (%d)", len(ports), lim.Cur)
+	}
+	lns := make([]net.Listener, 0, len(ports))
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	for _, p := range ports {
+		l, err := net.Listen("tcp", netip.AddrPortFrom(ip, p).String())
+		if err != nil {
+			return fmt.Errorf("listening on port %d: %w", p, err)
+		}
+		lns = append(lns, l)
+	}
+	ready(len(lns))
+	<-ctx.Done()
+	return nil
+}

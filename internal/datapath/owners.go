@@ -1,0 +1,159 @@
+package datapath
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+)
+
+// Quotas are what one owner (a cgroup) may hold of the node-wide tables.
+type Quotas struct {
+	Conns     uint64 `json:"conns"`
+	Listeners uint64 `json:"listeners"`
+	LBConns   uint64 `json:"lb_conns"`
+}
+
+// OwnerQuotas are the datapath's quotas (enum sl_quota).
+func OwnerQuotas() Quotas {
+	return Quotas{
+		Conns:     uint64(bypassSlQuotaSL_OWNER_CONNS),
+		Listeners: uint64(bypassSlQuotaSL_OWNER_LISTENERS),
+		LBConns:   uint64(bypassSlQuotaSL_OWNER_LB_CONNS),
+	}
+}
+
+// Owner is what one cgroup holds of the node-wide tables, and what it was
+// refused beyond its quota.
+type Owner struct {
+	Cgroup           uint64 `json:"cgroup_id"`
+	Path             string `json:"cgroup,omitempty"`
+	Conns            uint64 `json:"conns"`
+	Listeners        uint64 `json:"listeners"`
+	LBConns          uint64 `json:"lb_conns"`
+	RefusedConns     uint64 `json:"refused_conns"`
+	RefusedListeners uint64 `json:"refused_listeners"`
+	RefusedLBConns   uint64 `json:"refused_lb_conns"`
+}
+
+// Refused reports whether the owner was ever refused an entry.
+func (o Owner) Refused() bool {
+	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns > 0
+}
+
+// Owners lists every owner the datapath charged, in cgroup id order.
+func (d *Datapath) Owners() ([]Owner, error) {
+	by := map[uint64]*Owner{}
+	get := func(id uint64) *Owner {
+		if by[id] == nil {
+			by[id] = &Owner{Cgroup: id}
+		}
+		return by[id]
+	}
+	bp, err := readAll[uint64, bypassSlOwner](d.objs.SlOwners)
+	if err != nil {
+		return nil, fmt.Errorf("reading sl_owners: %w", err)
+	}
+	for id, v := range bp {
+		o := get(id)
+		o.Conns, o.Listeners, o.RefusedConns, o.RefusedListeners = v.Conns, v.Listeners, v.RefusedConns, v.RefusedListeners
+	}
+	lb, err := readAll[uint64, servicelbSlLbOwner](d.lb.SlLbOwners)
+	if err != nil {
+		return nil, fmt.Errorf("reading sl_lb_owners: %w", err)
+	}
+	for id, v := range lb {
+		o := get(id)
+		o.LBConns, o.RefusedLBConns = v.Conns, v.Refused
+	}
+	out := make([]Owner, 0, len(by))
+	for _, o := range by {
+		out = append(out, *o)
+	}
+	slices.SortFunc(out, func(a, b Owner) int { return cmp.Compare(a.Cgroup, b.Cgroup) })
+	return out, nil
+}
+
+// ForgetOwner removes the entries of an owner whose cgroup is gone: the
+// owners tables hold at most SL_MAX_OWNERS, and cgroups come and go.
+func (d *Datapath) ForgetOwner(id uint64) error {
+	for _, m := range []*ebpf.Map{d.objs.SlOwners, d.lb.SlLbOwners} {
+		if err := m.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forgetting owner %d: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// ListenerSeed is a listening socket found in a cgroup being attached.
+type ListenerSeed struct {
+	Netns    uint64 // network namespace cookie
+	Port     uint16
+	Owner    uint64 // cgroup id of the process holding it
+	Blocking bool   // the listening socket's file is blocking
+}
+
+// SeedListener records a listener that was listening before the datapath
+// was attached to its cgroup (so no listen() was seen), unless one is
+// recorded. Returns whether it was recorded.
+func (d *Datapath) SeedListener(l ListenerSeed) (bool, error) {
+	args := bypassSlSeedArgs{Netns: l.Netns, Owner: l.Owner, Port: uint32(l.Port)}
+	if l.Blocking {
+		args.Blocking = 1
+	}
+	ret, err := d.objs.SlSeedListener.Run(&ebpf.RunOptions{Context: args})
+	if err != nil {
+		return false, fmt.Errorf("recording listener on port %d: %w", l.Port, err)
+	}
+	return ret == 1, nil
+}
+
+// ForgetListenersOf removes the listener entries charged to owners whose
+// cgroups are gone (the listeners' close was not seen).
+func (d *Datapath) ForgetListenersOf(gone map[uint64]bool) (int, error) {
+	if len(gone) == 0 {
+		return 0, nil
+	}
+	var stale []bypassSlListener
+	var k bypassSlListener
+	v := make([]byte, d.objs.SlListeners.ValueSize())
+	it := d.objs.SlListeners.Iterate()
+	for it.Next(&k, &v) {
+		// struct sl_listener_val has no Go type (its kptr): the
+		// owner is read at its BTF offset.
+		off := d.listenerOwnerOff
+		if off+8 <= len(v) && gone[binary.NativeEndian.Uint64(v[off:off+8])] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("reading sl_listeners: %w", err)
+	}
+	n := 0
+	for _, k := range stale {
+		if err := d.objs.SlListeners.Delete(&k); err == nil {
+			n++
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, fmt.Errorf("forgetting listener: %w", err)
+		}
+	}
+	return n, nil
+}
+
+// memberOffset is the byte offset of a member of a C struct, from BTF.
+func memberOffset(spec *ebpf.CollectionSpec, typ, member string) (int, error) {
+	var st *btf.Struct
+	if err := spec.Types.TypeByName(typ, &st); err != nil {
+		return 0, fmt.Errorf("finding struct %s: %w", typ, err)
+	}
+	for _, m := range st.Members {
+		if m.Name == member {
+			return int(m.Offset.Bytes()), nil
+		}
+	}
+	return 0, fmt.Errorf("struct %s has no member %s", typ, member)
+}

@@ -1,0 +1,207 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/testbed"
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// background starts name in pod p with its output in a locked buffer, and
+// waits until the output says ready.
+func backgroundIn(t *testing.T, p *testbed.Pod, ready string, name string, args ...string) (*exec.Cmd, *lockedBuffer) {
+	t.Helper()
+	cmd, err := p.Command(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	waitForLog(t, &out, func() bool { return strings.Contains(out.String(), ready) })
+	return cmd, &out
+}
+
+// owners reads `status -o json`'s owners over quota and quotas.
+func owners(t *testing.T, in *testutil.Instance) ([]datapath.Owner, datapath.Quotas) {
+	t.Helper()
+	var st struct {
+		Quotas    datapath.Quotas  `json:"owner_quotas"`
+		OverQuota []datapath.Owner `json:"owners_over_quota"`
+	}
+	if err := json.Unmarshal([]byte(in.MustRun("status", "-o", "json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.OverQuota, st.Quotas
+}
+
+func ownerOf(t *testing.T, in *testutil.Instance, p *testbed.Pod) *datapath.Owner {
+	t.Helper()
+	over, _ := owners(t, in)
+	for i := range over {
+		if over[i].Cgroup == p.CgroupID {
+			return &over[i]
+		}
+	}
+	return nil
+}
+
+// TestOwnerQuotas: one pod tries to fill each node-wide table; it is held
+// to its quota (counted, and named by status), and another pod's bypass,
+// blocking prediction, stale-socket destruction and affinity are as they
+// were.
+func TestOwnerQuotas(t *testing.T) {
+	q := datapath.OwnerQuotas()
+	t.Run("connection slots", func(t *testing.T) {
+		b := testutil.Bed(t)
+		in := testutil.NewInstance(t)
+		att, cli, srv := testutil.Pod(t, b, "attacker"), testutil.Pod(t, b, "client"), testutil.Pod(t, b, "server")
+		in.Attach(att, cli, srv)
+		start(t, att, in.Bin, "peer", "sink", "0.0.0.0:7400")
+		waitPort(t, att, "0.0.0.0:7400")
+		before := in.Counters()
+		n := int(q.Conns) + 800
+		hold, _ := backgroundIn(t, att, fmt.Sprintf("open %d", n), in.Bin, "peer", "open", "--ports", "7400", "--count", fmt.Sprint(n), att.IPv4.String())
+		d := testutil.Delta(before, in.Counters())
+		mustAtLeast(t, d, "fallback_quota", 800)
+		o := ownerOf(t, in, att)
+		if o == nil || o.Conns != q.Conns || o.RefusedConns < 800 || !strings.HasSuffix(o.Path, filepath.Base(att.Cgroup)) {
+			t.Fatalf("status names the attacker %+v, want it holding %d slots, refused >= 800, cgroup %s", o, q.Conns, att.Cgroup)
+		}
+		// Another pod's connection joins the bypass as before.
+		start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7401")
+		waitPort(t, srv, "0.0.0.0:7401")
+		before = in.Counters()
+		runIn(t, cli, in.Bin, "peer", "pingpong", srv.IPv4.String()+":7401", "--count", "200", "--warmup", "0")
+		d = testutil.Delta(before, in.Counters())
+		mustEqual(t, d, "conns_bypassed", 1)
+		mustEqual(t, d, "fallback_quota", 0)
+		// The attacker's slots come back as its connections close.
+		_ = hold.Process.Kill()
+		_ = hold.Wait()
+		waitFor(t, func() bool { o := ownerOf(t, in, att); return o != nil && o.Conns == 0 })
+	})
+
+	t.Run("listeners", func(t *testing.T) {
+		b := testutil.Bed(t)
+		in := testutil.NewInstance(t)
+		att, cli, srv := testutil.Pod(t, b, "attacker"), testutil.Pod(t, b, "client"), testutil.Pod(t, b, "server")
+		in.Attach(att, cli, srv)
+		// The victim's server reads in blocking mode.
+		start(t, srv, in.Bin, "peer", "echo", "--io", "blocking", "0.0.0.0:7402")
+		waitPort(t, srv, "0.0.0.0:7402")
+		before := in.Counters()
+		// More listeners than the whole table held before (an LRU of
+		// 16,384 that evicted the victim's).
+		backgroundIn(t, att, "listening 18000", in.Bin, "peer", "listen", "--ports", "20000-37999", "0.0.0.0")
+		d := testutil.Delta(before, in.Counters())
+		mustAtLeast(t, d, "listener_quota", 18000-q.Listeners)
+		if o := ownerOf(t, in, att); o == nil || o.Listeners != q.Listeners || o.RefusedListeners < 18000-q.Listeners {
+			t.Fatalf("status names the attacker %+v, want it holding %d listeners", o, q.Listeners)
+		}
+		// The victim's blocking server is still predicted blocking: its
+		// connection stays on TCP and every byte arrives.
+		before = in.Counters()
+		runIn(t, cli, in.Bin, "peer", "pingpong", srv.IPv4.String()+":7402", "--count", "200", "--warmup", "0")
+		d = testutil.Delta(before, in.Counters())
+		mustEqual(t, d, "fallback_blocking", 1)
+		mustEqual(t, d, "conns_bypassed", 0)
+	})
+
+	t.Run("translated sockets and affinity", func(t *testing.T) {
+		lb := newLBBed(t)
+		be0, be1 := lb.back[0], lb.back[1]
+		lb.apply(t, fmt.Sprintf(`services:
+  - name: who
+    vips: [198.19.0.10]
+    ports:
+      - {name: tcp, port: 80, protocol: TCP, targetPort: 8080}
+      - {name: udp, port: 53, protocol: UDP, targetPort: 8080}
+    backends: [{ip: %[1]s}, {ip: %[2]s}]
+  - name: sticky
+    vips: [198.19.0.11]
+    ports: [{port: 80, targetPort: 8080}]
+    sessionAffinity: ClientIP
+    backends: [{ip: %[1]s}, {ip: %[2]s}]
+`, be0.IPv4, be1.IPv4))
+		// The attacker (the host-network pod) holds more connected UDP
+		// sockets to the VIP than its quota.
+		before := lb.lbCounters(t)
+		n := int(q.LBConns) + 500
+		startHold(t, lb, lb.host, n, "--mode", "udp", "198.19.0.10:53")
+		mustAtLeast(t, testutil.Delta(before, lb.lbCounters(t)), "quota", 500)
+		if o := ownerOf(t, lb.in, lb.host); o == nil || o.LBConns != q.LBConns || o.RefusedLBConns < 500 {
+			t.Fatalf("status names the attacker %+v, want it holding %d translated sockets", o, q.LBConns)
+		}
+		// The victim's sockets are still recorded: removing a backend
+		// destroys those on it.
+		h := startHold(t, lb, lb.client, 12, "--mode", "tcp", "198.19.0.10:80")
+		on0 := h.on("be0")
+		lb.apply(t, fmt.Sprintf("services:\n  - name: who\n    vips: [198.19.0.10]\n    ports: [{name: tcp, port: 80, protocol: TCP, targetPort: 8080}]\n    backends: [{ip: %s}]\n", be1.IPv4))
+		closed := h.closed(t, len(on0), 0)
+		for _, i := range on0 {
+			if closed[i] != "ECONNABORTED" {
+				t.Errorf("victim socket %d on the removed backend: %q, want ECONNABORTED", i, closed[i])
+			}
+		}
+
+		// Affinity: a pod making network namespaces gets one entry per
+		// service, as any pod.
+		lb.apply(t, fmt.Sprintf("services:\n  - name: sticky\n    vips: [198.19.0.11]\n    ports: [{port: 80, targetPort: 8080}]\n    sessionAffinity: ClientIP\n    backends: [{ip: %s}, {ip: %s}]\n", be0.IPv4, be1.IPv4))
+		r := lb.probe(t, lb.client, "tcp", "198.19.0.11:80", 10)
+		if len(r.Replies) != 1 {
+			t.Fatalf("the victim's connections spread over %v with affinity", r.Replies)
+		}
+		for i := range 30 {
+			cmd, err := lb.client.Command("unshare", "-n", "sh", "-c", "ip link set lo up; exec "+lb.in.Bin+" peer lbprobe 198.19.0.11:80 --count 1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = cmd.Run() // the connect fails in an empty namespace; the pick happened
+			_ = i
+		}
+		aff, err := ebpf.LoadPinnedMap(filepath.Join("/sys/fs/bpf", lb.in.Name, "sl_svc_affinity"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer aff.Close()
+		k, v := make([]byte, aff.KeySize()), make([]byte, aff.ValueSize())
+		entries := 0
+		for it := aff.Iterate(); it.Next(&k, &v); {
+			entries++
+		}
+		if entries != 1 {
+			t.Errorf("sl_svc_affinity holds %d entries after 30 namespaces of one pod connected, want 1 (one per pod and service)", entries)
+		}
+		r2 := lb.probe(t, lb.client, "tcp", "198.19.0.11:80", 10)
+		for be := range r.Replies {
+			if r2.Replies[be] != 10 {
+				t.Errorf("affinity changed: %v then %v", r.Replies, r2.Replies)
+			}
+		}
+	})
+}
+
+// runIn runs a command in a pod and fails the test on error.
+func runIn(t *testing.T, p *testbed.Pod, name string, args ...string) string {
+	t.Helper()
+	cmd, err := p.Command(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v: %s", name, args, err, out)
+	}
+	return string(out)
+}
