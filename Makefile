@@ -3,7 +3,7 @@
 GO ?= go
 BIN := bin/socklane
 
-.PHONY: help deps generate build demo test unit check-generated metrics-doc k8s-binaries lint clean
+.PHONY: help deps generate build demo test unit kernel-test check-generated metrics-doc k8s-binaries lint clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
@@ -23,6 +23,9 @@ demo: deps build ## two pods, round-trip times with and without the bypass (root
 test: deps ## run the whole test suite (root; kernel tests run for real)
 	$(GO) vet ./...
 	SOCKLANE_K8S_BIN=$$(./scripts/k8s-binaries.sh) $(GO) test -count=1 -p 1 -timeout 40m ./...
+
+kernel-test: deps ## boot Debian's 6.1 and 6.12 kernels in qemu and run the datapath tests inside (root; docs/kernels.md)
+	./scripts/kernel-matrix.sh --doc docs/kernels.md
 
 k8s-binaries: ## build (once, cached by version) the Kubernetes API server and etcd the tests use
 	./scripts/k8s-binaries.sh

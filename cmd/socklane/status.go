@@ -17,6 +17,9 @@ import (
 
 type statusReport struct {
 	PinDir string `json:"pin_dir"`
+	// What the kernel offers the datapath, and what was adapted to it.
+	Kernel  datapath.Features `json:"kernel"`
+	Adapted []string          `json:"adapted"`
 	// The settings the running datapath was loaded with (nil: they could
 	// not be read, e.g. from a datapath an older socklane loaded).
 	Settings    *datapath.Settings    `json:"settings,omitempty"`
@@ -50,7 +53,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer dp.Close()
-			rep := statusReport{PinDir: dp.PinDir()}
+			rep := statusReport{PinDir: dp.PinDir(), Kernel: dp.Features(), Adapted: dp.Features().Adapted()}
 			if st, err := dp.Settings(); err != nil {
 				g.logger(cmd.ErrOrStderr()).Warn("the running datapath's settings cannot be read", "err", err)
 			} else {
@@ -102,6 +105,10 @@ func newStatusCmd(g *globals) *cobra.Command {
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "datapath\t%s\n", rep.PinDir)
+			fmt.Fprintf(w, "kernel\t%s\tkptr_untrusted %v\tsk_psock.msg_tot_len %v\n", rep.Kernel.Kernel, rep.Kernel.KptrUntrusted, rep.Kernel.PsockMsgTotLen)
+			for _, a := range rep.Adapted {
+				fmt.Fprintf(w, "adapted\t%s\n", a)
+			}
 			if rep.Settings != nil {
 				flags := agent.SettingFlags(*rep.Settings)
 				for _, name := range agent.SettingNames() {

@@ -189,11 +189,10 @@ static __always_inline int listener_blocks(struct sl_conn *c)
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
 	if (!v)
 		return -1;
-	if (v->accepted != SL_ACCEPTED_UNKNOWN)
-		return v->accepted == SL_ACCEPTED_BLOCKING;
-	if (!v->sk)
+	__u32 mode = v->accepted != SL_ACCEPTED_UNKNOWN ? v->accepted : v->listened;
+	if (mode == SL_ACCEPTED_UNKNOWN)
 		return -1;
-	return sock_blocking(v->sk) == 1;
+	return mode == SL_ACCEPTED_BLOCKING;
 }
 
 /* Whether the server end of c reads in blocking mode. Before accept()
@@ -424,6 +423,9 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 	if (!sk)
 		return;
 	struct sock *lsk = (struct sock *)bpf_skc_to_tcp_sock(sk);
+	/* listen() runs in the server's process: its file is there. */
+	int b = sock_blocking(lsk);
+	__u32 listened = b < 0 ? SL_ACCEPTED_UNKNOWN : b ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING;
 	struct sl_listener l;
 	listener_key(skops, &l);
 	struct sl_listener_val *pv = bpf_map_lookup_elem(&sl_listeners, &l);
@@ -443,7 +445,8 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 		if (!pv)
 			return;
 	}
-	pv->sk = lsk;
+	pv->cookie = bpf_get_socket_cookie(skops);
+	pv->listened = listened;
 	pv->accepted = SL_ACCEPTED_UNKNOWN;
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, 0);
 }
@@ -456,7 +459,7 @@ static __always_inline void on_listener_close(struct bpf_sock_ops *skops)
 	struct sl_listener l;
 	listener_key(skops, &l);
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
-	if (v && v->sk == (struct sock *)bpf_skc_to_tcp_sock(sk)) {
+	if (v && v->cookie == bpf_get_socket_cookie(skops)) {
 		__u64 owner = v->owner;
 		if (!bpf_map_delete_elem(&sl_listeners, &l))
 			owner_release(owner, SL_HOLD_LISTENERS);

@@ -171,7 +171,7 @@ type bypassSlEventsCfg struct {
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 4
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 5
 )
 
 type bypassSlListener struct {
@@ -179,6 +179,14 @@ type bypassSlListener struct {
 	Netns uint64
 	Port  uint32
 	Pad   uint32
+}
+
+type bypassSlListenerVal struct {
+	_        structs.HostLayout
+	Cookie   uint64
+	Owner    uint64
+	Accepted uint32
+	Listened uint32
 }
 
 type bypassSlOwner struct {

@@ -68,10 +68,12 @@ type Datapath struct {
 	// counterNames and lbCounterNames index the counter arrays, read
 	// from the object once: a scrape reads the counters only.
 	counterNames, lbCounterNames []string
-	// listenerOwnerOff locates the owner in struct sl_listener_val (no Go
-	// type: it holds a kptr).
-	listenerOwnerOff int
+	// features is what the kernel offered at open.
+	features Features
 }
+
+// Features is what the kernel offered the datapath, and what was adapted.
+func (d *Datapath) Features() Features { return d.features }
 
 // Pinned reports whether a datapath is pinned in dir.
 func Pinned(dir string) bool {
@@ -94,23 +96,22 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := os.Chmod(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("restricting pin directory %s to root: %w", cfg.PinDir, err)
 	}
+	f, err := ProbeFeatures()
+	if err != nil {
+		return nil, err
+	}
 	open := create
 	if Pinned(cfg.PinDir) {
 		open = adopt
 	}
-	d, err := open(cfg)
+	d, err := open(cfg, f)
 	if err != nil {
 		return nil, err
 	}
 	if d.counterNames, err = CounterNames(); err == nil {
 		d.lbCounterNames, err = LBCounterNames()
 	}
-	if err == nil {
-		var spec *ebpf.CollectionSpec
-		if spec, err = loadBypass(); err == nil {
-			d.listenerOwnerOff, err = memberOffset(spec, "sl_listener_val", "owner")
-		}
-	}
+
 	if err != nil {
 		d.Close()
 		return nil, err
@@ -118,11 +119,12 @@ func Open(cfg Config) (*Datapath, error) {
 	return d, nil
 }
 
-func loadSpec(cfg Config) (*ebpf.CollectionSpec, error) {
+func loadSpec(cfg Config, f Features) (*ebpf.CollectionSpec, error) {
 	spec, err := loadBypass()
 	if err != nil {
 		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
 	}
+	f.adapt(spec)
 	for _, m := range spec.Maps {
 		if strings.HasPrefix(m.Name, "sl_") {
 			m.Pinning = ebpf.PinByName
@@ -137,12 +139,12 @@ func loadSpec(cfg Config) (*ebpf.CollectionSpec, error) {
 	return spec, nil
 }
 
-func create(cfg Config) (*Datapath, error) {
-	spec, err := loadSpec(cfg)
+func create(cfg Config, f Features) (*Datapath, error) {
+	spec, err := loadSpec(cfg, f)
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{cfg: cfg}
+	d := &Datapath{cfg: cfg, features: f}
 	if d.layout, err = layoutOf(spec); err != nil {
 		return nil, err
 	}
@@ -197,15 +199,15 @@ func create(cfg Config) (*Datapath, error) {
 	return d, nil
 }
 
-func adopt(cfg Config) (*Datapath, error) {
+func adopt(cfg Config, f Features) (*Datapath, error) {
 	if err := checkLayout(cfg.PinDir); err != nil {
 		return nil, err
 	}
-	spec, err := loadSpec(cfg)
+	spec, err := loadSpec(cfg, f)
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{cfg: cfg, adopted: true}
+	d := &Datapath{cfg: cfg, adopted: true, features: f}
 	if d.layout, err = layoutOf(spec); err != nil {
 		return nil, err
 	}

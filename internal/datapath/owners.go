@@ -2,13 +2,11 @@ package datapath
 
 import (
 	"cmp"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 )
 
 // Quotas are what one owner (a cgroup) may hold of the node-wide tables.
@@ -120,13 +118,10 @@ func (d *Datapath) ForgetListenersOf(gone map[uint64]bool) (int, error) {
 	}
 	var stale []bypassSlListener
 	var k bypassSlListener
-	v := make([]byte, d.objs.SlListeners.ValueSize())
+	var v bypassSlListenerVal
 	it := d.objs.SlListeners.Iterate()
 	for it.Next(&k, &v) {
-		// struct sl_listener_val has no Go type (its kptr): the
-		// owner is read at its BTF offset.
-		off := d.listenerOwnerOff
-		if off+8 <= len(v) && gone[binary.NativeEndian.Uint64(v[off:off+8])] {
+		if gone[v.Owner] {
 			stale = append(stale, k)
 		}
 	}
@@ -142,18 +137,4 @@ func (d *Datapath) ForgetListenersOf(gone map[uint64]bool) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// memberOffset is the byte offset of a member of a C struct, from BTF.
-func memberOffset(spec *ebpf.CollectionSpec, typ, member string) (int, error) {
-	var st *btf.Struct
-	if err := spec.Types.TypeByName(typ, &st); err != nil {
-		return 0, fmt.Errorf("finding struct %s: %w", typ, err)
-	}
-	for _, m := range st.Members {
-		if m.Name == member {
-			return int(m.Offset.Bytes()), nil
-		}
-	}
-	return 0, fmt.Errorf("struct %s has no member %s", typ, member)
 }

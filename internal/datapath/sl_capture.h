@@ -93,7 +93,10 @@ static __always_inline void capture(struct sk_msg_md *msg, struct sl_capture_cfg
 			bpf_msg_pull_data(msg, 0, n, 0);
 		void *data = msg->data;
 		void *end = msg->data_end;
-		n &= SL_CAP_SNAP_MAX - 1;
+		/* The bound in the register passed: clang drops a plain mask it
+		 * can prove redundant, and older verifiers (6.1) then see the
+		 * length unbounded. */
+		asm volatile("%0 &= %1" : "+r"(n) : "i"(SL_CAP_SNAP_MAX - 1));
 		if (data + n <= end && !bpf_probe_read_kernel(r->data, n, data))
 			r->h.caplen = n;
 	}

@@ -51,7 +51,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 4,
+	SL_LAYOUT_VERSION = 5,
 };
 
 /* Connection state, packed with generation and membership in one 64-bit word

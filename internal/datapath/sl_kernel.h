@@ -53,10 +53,17 @@ struct refcount_struct {
 	} refs;
 } __attribute__((preserve_access_index));
 
+struct list_head {
+	struct list_head *next;
+} __attribute__((preserve_access_index));
+
+/* msg_tot_len is recent (the sockmap FIONREAD fixes); ingress_msg, the
+ * queue it counts, is not. */
 struct sk_psock {
 	__u32 apply_bytes;
 	__u32 msg_tot_len;
 	struct refcount_struct refcnt;
+	struct list_head ingress_msg;
 } __attribute__((preserve_access_index));
 
 /* Low bits of sk_user_data are flags (SK_USER_DATA_PTRMASK). */
@@ -104,14 +111,23 @@ static __always_inline struct sk_psock *psock_of(struct sock *sk)
 	return (struct sk_psock *)((unsigned long)sk->sk_user_data & SL_USER_DATA_PTRMASK);
 }
 
-/* Bytes redirected into sk and not yet read by its application. */
+/* Bytes redirected into sk and not yet read by its application. On a
+ * kernel without sk_psock.msg_tot_len: 1 if any are queued, else 0 (what
+ * leaving the map safely needs; the backlog rule is then off, since no
+ * limit is 1 byte). */
 static __always_inline __u32 queued_bytes(struct sock *sk)
 {
 	struct sk_psock *ps = psock_of(sk);
 	__u32 queued = 0;
-	if (ps)
+	if (!ps)
+		return 0;
+	if (bpf_core_field_exists(ps->msg_tot_len)) {
 		bpf_core_read(&queued, sizeof(queued), &ps->msg_tot_len);
-	return queued;
+		return queued;
+	}
+	struct list_head *next = 0;
+	bpf_core_read(&next, sizeof(next), &ps->ingress_msg.next);
+	return next && next != &ps->ingress_msg;
 }
 
 /* Whether sk, the peer of a socket about to leave the map, might still

@@ -93,14 +93,16 @@ enum sl_accepted_mode {
 	SL_ACCEPTED_BLOCKING = 2,
 };
 
-/* What the datapath knows of a listener: the listening socket (its file
- * mode predicts its accepted sockets' until one is seen) and the mode of
- * the last socket it accepted. Kernel-only (kptr), no Go type. */
+/* What the datapath knows of a listener: the mode of the last socket it
+ * accepted, and until one is seen the listening socket's own mode at
+ * listen() (which predicts its accepted sockets'). No socket pointer: a
+ * kptr field in a hash map is not parsed on 6.1, and the listener is
+ * matched at its close by cookie. */
 struct sl_listener_val {
-	struct sock __kptr_untrusted *sk;
+	__u64 cookie;   /* the listening socket's, 0 if found some other way */
 	__u64 owner;    /* cgroup id charged for the entry */
-	__u32 accepted; /* enum sl_accepted_mode */
-	__u32 pad;
+	__u32 accepted; /* enum sl_accepted_mode: of the last socket accepted */
+	__u32 listened; /* enum sl_accepted_mode: the listening socket's at listen() */
 };
 
 /* What one owner (a cgroup id) holds of the node-wide tables and what it was

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cilium/ebpf"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
@@ -170,16 +169,7 @@ func TestOwnerQuotas(t *testing.T) {
 			_ = cmd.Run() // the connect fails in an empty namespace; the pick happened
 			_ = i
 		}
-		aff, err := ebpf.LoadPinnedMap(filepath.Join("/sys/fs/bpf", lb.in.Name, "sl_svc_affinity"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer aff.Close()
-		k, v := make([]byte, aff.KeySize()), make([]byte, aff.ValueSize())
-		entries := 0
-		for it := aff.Iterate(); it.Next(&k, &v); {
-			entries++
-		}
+		entries := lb.in.MapEntries("sl_svc_affinity")
 		if entries != 1 {
 			t.Errorf("sl_svc_affinity holds %d entries after 30 namespaces of one pod connected, want 1 (one per pod and service)", entries)
 		}

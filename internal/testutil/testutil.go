@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/cilium/ebpf"
 	"net"
 	"os"
 	"os/exec"
@@ -271,4 +272,20 @@ func FreeAddr(t testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// MapEntries counts the entries of one of the instance's pinned maps.
+func (in *Instance) MapEntries(name string) int {
+	in.t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join("/sys/fs/bpf", in.Name, name), nil)
+	if err != nil {
+		in.t.Fatal(err)
+	}
+	defer m.Close()
+	k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
+	n := 0
+	for it := m.Iterate(); it.Next(&k, &v); {
+		n++
+	}
+	return n
 }

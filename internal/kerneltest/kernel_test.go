@@ -1,0 +1,353 @@
+package kerneltest
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/bpffs"
+	"github.com/socklane/socklane/internal/cgroups"
+	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/service"
+	"github.com/socklane/socklane/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+// The test binary runs itself as the programs inside the cgroup: a role in
+// SL_KTEST_ROLE, arguments in SL_KTEST_ARGS.
+func TestMain(m *testing.M) {
+	if role := os.Getenv("SL_KTEST_ROLE"); role != "" {
+		if err := runRole(role, strings.Fields(os.Getenv("SL_KTEST_ARGS"))); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func runRole(role string, args []string) error {
+	switch role {
+	case "echo": // ADDR: echo every connection with read/write (not io.Copy, which splices)
+		ln, err := net.Listen("tcp", args[0])
+		if err != nil {
+			return err
+		}
+		fmt.Println("listening")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	case "blocking-echo": // PORT: a blocking server, one connection at a time
+		port, _ := strconv.Atoi(args[0])
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+			return err
+		}
+		if err := unix.Listen(fd, 16); err != nil {
+			return err
+		}
+		fmt.Println("listening")
+		for {
+			c, _, err := unix.Accept(fd)
+			if err != nil {
+				return err
+			}
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := unix.Read(c, buf)
+				if n <= 0 || err != nil {
+					break
+				}
+				if _, err := unix.Write(c, buf[:n]); err != nil {
+					break
+				}
+			}
+			unix.Close(c)
+		}
+	case "client": // ADDR CONNS BYTES: echo streams, each checked by SHA-256; prints the peer address
+		conns, _ := strconv.Atoi(args[1])
+		size, _ := strconv.Atoi(args[2])
+		errs := make(chan error, conns)
+		peers := make(chan string, conns)
+		for i := range conns {
+			go func() { p, err := stream(args[0], size, uint64(i)); peers <- p; errs <- err }()
+		}
+		for range conns {
+			if err := <-errs; err != nil {
+				return err
+			}
+			fmt.Println("peer", <-peers)
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+// stream sends size pseudo-random bytes in writes of random sizes and
+// checks that the same bytes come back, in order.
+func stream(addr string, size int, seed uint64) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
+	rng := rand.New(rand.NewPCG(seed, 42))
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	go func() {
+		for off := 0; off < len(data); {
+			n := min(1+rng.IntN(48<<10), len(data)-off)
+			if _, err := c.Write(data[off : off+n]); err != nil {
+				return
+			}
+			off += n
+		}
+	}()
+	got := make([]byte, size)
+	if _, err := io.ReadFull(c, got); err != nil {
+		return "", fmt.Errorf("reading the echo: %w", err)
+	}
+	if sha256.Sum256(got) != sha256.Sum256(data) {
+		i := 0
+		for i < len(got) && got[i] == data[i] {
+			i++
+		}
+		return "", fmt.Errorf("echo differs from what was sent at byte %d of %d", i, size)
+	}
+	return c.RemoteAddr().String(), nil
+}
+
+// node is a datapath of its own attached to a cgroup of its own.
+type node struct {
+	t      *testing.T
+	dp     *datapath.Datapath
+	cgroup string
+	cgfd   int
+}
+
+func newNode(t *testing.T) *node {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if err := bpffs.Ensure(bpffs.DefaultPath); err != nil {
+		t.Fatal(err)
+	}
+	root, err := cgroups.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, cgroup: filepath.Join(root, fmt.Sprintf("sl-ktest-%d", os.Getpid()))}
+	if err := os.Mkdir(n.cgroup, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(n.cgroup, "cgroup.kill"), []byte("1"), 0o644)
+		for i := 0; i < 50 && os.Remove(n.cgroup) != nil; i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	if n.cgfd, err = unix.Open(n.cgroup, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(n.cgfd) })
+	pin := filepath.Join(bpffs.DefaultPath, fmt.Sprintf("sl-ktest-%d", os.Getpid()))
+	if n.dp, err = datapath.Open(datapath.Config{PinDir: pin}); err != nil {
+		t.Fatalf("loading the datapath on %s: %v", kernel(), err)
+	}
+	t.Cleanup(func() {
+		n.dp.Close()
+		if err := datapath.Pins(pin).Remove(); err != nil {
+			t.Errorf("removing the datapath: %v", err)
+		}
+	})
+	id, err := cgroups.ID(n.cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.dp.Attach(n.cgroup, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kernel %s: %+v, adapted %v", kernel(), n.dp.Features(), n.dp.Features().Adapted())
+	return n
+}
+
+func kernel() string {
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// run starts the test binary as role inside the node's cgroup.
+func (n *node) run(role string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	n.t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), "SL_KTEST_ROLE="+role, "SL_KTEST_ARGS="+strings.Join(args, " "))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: n.cgfd}
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return cmd, &out
+}
+
+// server starts a server role and waits until it listens.
+func (n *node) server(role string, args ...string) {
+	n.t.Helper()
+	_, out := n.run(role, args...)
+	for i := 0; i < 500; i++ {
+		if strings.Contains(out.String(), "listening") {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n.t.Fatalf("%s did not listen: %s", role, out.String())
+}
+
+// client runs the client role to the end and returns its output.
+func (n *node) client(addr string, conns, size int) string {
+	n.t.Helper()
+	cmd, out := n.run("client", addr, strconv.Itoa(conns), strconv.Itoa(size))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			n.t.Fatalf("client: %v: %s", err, out.String())
+		}
+	case <-time.After(5 * time.Minute):
+		_ = cmd.Process.Kill()
+		n.t.Fatalf("client did not finish: %s", out.String())
+	}
+	return out.String()
+}
+
+func (n *node) counters() map[string]uint64 {
+	n.t.Helper()
+	c, err := n.dp.Counters()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return c
+}
+
+func delta(before, after map[string]uint64) map[string]uint64 {
+	d := map[string]uint64{}
+	for k, v := range after {
+		d[k] = v - before[k]
+	}
+	return d
+}
+
+// TestBypassIntegrity: echo streams over loopback between two processes of
+// the cgroup go socket to socket, every byte checked.
+func TestBypassIntegrity(t *testing.T) {
+	n := newNode(t)
+	n.server("echo", "127.0.0.1:7700")
+	before := n.counters()
+	const conns, size = 8, 4 << 20
+	n.client("127.0.0.1:7700", conns, size)
+	d := delta(before, n.counters())
+	t.Logf("%v", d)
+	if d["conns_bypassed"] < conns || d["redirect_bytes"] < conns*size {
+		t.Errorf("bypassed %d connections, %d bytes redirected; want %d and >= %d", d["conns_bypassed"], d["redirect_bytes"], conns, conns*size)
+	}
+	if d["err_sockhash"]+d["err_conn_table_full"]+d["err_storage"] != 0 {
+		t.Errorf("datapath errors: %v", d)
+	}
+}
+
+// TestBlockingServerStaysOnTCP: a server reading in blocking mode keeps its
+// connections on TCP, and they stay intact.
+func TestBlockingServerStaysOnTCP(t *testing.T) {
+	n := newNode(t)
+	n.server("blocking-echo", "7701")
+	before := n.counters()
+	n.client("127.0.0.1:7701", 1, 1<<20)
+	d := delta(before, n.counters())
+	if d["fallback_blocking"] < 1 || d["conns_bypassed"] != 0 {
+		t.Errorf("blocking server: %v; want fallback_blocking >= 1 and nothing bypassed", d)
+	}
+}
+
+// TestServiceLB: a connect to a service address reaches its backend, the
+// client sees the service address as its peer, and the bypass carries the
+// connection.
+func TestServiceLB(t *testing.T) {
+	n := newNode(t)
+	n.server("echo", "127.0.0.1:7702")
+	vip := netip.MustParseAddr("198.19.0.50")
+	set, err := service.NewSet([]*service.Service{{Name: "ktest", VIPs: []netip.Addr{vip},
+		Ports: []service.Port{{Port: 80, TargetPort: 7702}}, Backends: []service.Backend{{IP: netip.MustParseAddr("127.0.0.1")}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.dp.ApplyServices(set); err != nil {
+		t.Fatal(err)
+	}
+	lbBefore, err := n.dp.LBCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := n.counters()
+	out := n.client(netip.AddrPortFrom(vip, 80).String(), 2, 256<<10)
+	if strings.Count(out, "peer "+vip.String()+":80") != 2 {
+		t.Errorf("client peers: %q, want the service address", out)
+	}
+	lbAfter, err := n.dp.LBCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lbAfter["selected"]-lbBefore["selected"] < 2 {
+		t.Errorf("load balancer selected %d backends, want 2", lbAfter["selected"]-lbBefore["selected"])
+	}
+	if d := delta(before, n.counters()); d["conns_bypassed"] < 2 {
+		t.Errorf("service connections bypassed: %v", d)
+	}
+}
