@@ -109,6 +109,12 @@ func newStatusCmd(g *globals) *cobra.Command {
 			for _, a := range rep.Adapted {
 				fmt.Fprintf(w, "adapted\t%s\n", a)
 			}
+			for _, b := range rep.Kernel.Bugs {
+				fmt.Fprintf(w, "kernel bug\t%s\t%s\tfix: %s\n", b.Name, b.Effect, b.Fix)
+			}
+			if rep.Kernel.BugsError != "" {
+				fmt.Fprintf(w, "kernel bugs\tnot probed: %s\n", rep.Kernel.BugsError)
+			}
 			if rep.Settings != nil {
 				flags := agent.SettingFlags(*rep.Settings)
 				for _, name := range agent.SettingNames() {

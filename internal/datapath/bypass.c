@@ -47,6 +47,11 @@ struct sl_enums {
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
 
+/* 1: the kernel parses the kptr in sl_listener_val (set by the loader from
+ * a probe; 6.1 does not, and the branches that use it are then dead code
+ * the verifier never sees). */
+const volatile __u32 listener_kptr = 1;
+
 /* Receiver backlog (bytes queued in the peer's socket) above which a
  * direction moves to TCP, whose window then pushes back on the sender.
  * 0 disables the check. Set by the loader from net.ipv4.tcp_rmem[2]. */
@@ -157,8 +162,8 @@ static __always_inline void learn_listener(struct sl_listener *l, int blocking, 
 	__u32 mode = blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING;
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, l);
 	if (v) {
-		if (v->accepted != mode)
-			v->accepted = mode;
+		if (v->info.accepted != mode)
+			v->info.accepted = mode;
 		return;
 	}
 	__u64 owner = sock_owner(server);
@@ -166,7 +171,7 @@ static __always_inline void learn_listener(struct sl_listener *l, int blocking, 
 		count(SL_C_LISTENER_QUOTA, 1);
 		return;
 	}
-	struct sl_listener_val nv = {.owner = owner, .accepted = mode};
+	struct sl_listener_val nv = {.info = {.owner = owner, .accepted = mode}};
 	if (bpf_map_update_elem(&sl_listeners, l, &nv, BPF_NOEXIST))
 		owner_release(owner, SL_HOLD_LISTENERS);
 }
@@ -189,10 +194,13 @@ static __always_inline int listener_blocks(struct sl_conn *c)
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
 	if (!v)
 		return -1;
-	__u32 mode = v->accepted != SL_ACCEPTED_UNKNOWN ? v->accepted : v->listened;
-	if (mode == SL_ACCEPTED_UNKNOWN)
+	if (v->info.accepted != SL_ACCEPTED_UNKNOWN)
+		return v->info.accepted == SL_ACCEPTED_BLOCKING;
+	if (listener_kptr && v->sk)
+		return sock_blocking(v->sk) == 1;
+	if (v->info.listened == SL_ACCEPTED_UNKNOWN)
 		return -1;
-	return mode == SL_ACCEPTED_BLOCKING;
+	return v->info.listened == SL_ACCEPTED_BLOCKING;
 }
 
 /* Whether the server end of c reads in blocking mode. Before accept()
@@ -436,7 +444,7 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 			count(SL_C_LISTENER_QUOTA, 1);
 			return;
 		}
-		struct sl_listener_val v = {.owner = owner};
+		struct sl_listener_val v = {.info = {.owner = owner}};
 		if (bpf_map_update_elem(&sl_listeners, &l, &v, BPF_NOEXIST)) {
 			owner_release(owner, SL_HOLD_LISTENERS);
 			return;
@@ -445,9 +453,11 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 		if (!pv)
 			return;
 	}
-	pv->cookie = bpf_get_socket_cookie(skops);
-	pv->listened = listened;
-	pv->accepted = SL_ACCEPTED_UNKNOWN;
+	pv->info.cookie = bpf_get_socket_cookie(skops);
+	pv->info.listened = listened;
+	if (listener_kptr)
+		pv->sk = lsk;
+	pv->info.accepted = SL_ACCEPTED_UNKNOWN;
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, 0);
 }
 
@@ -459,8 +469,8 @@ static __always_inline void on_listener_close(struct bpf_sock_ops *skops)
 	struct sl_listener l;
 	listener_key(skops, &l);
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
-	if (v && v->cookie == bpf_get_socket_cookie(skops)) {
-		__u64 owner = v->owner;
+	if (v && v->info.cookie == bpf_get_socket_cookie(skops)) {
+		__u64 owner = v->info.owner;
 		if (!bpf_map_delete_elem(&sl_listeners, &l))
 			owner_release(owner, SL_HOLD_LISTENERS);
 	}
@@ -857,8 +867,7 @@ int sl_seed_listener(struct sl_seed_args *a)
 		return 0;
 	}
 	struct sl_listener_val v = {
-		.owner = owner,
-		.accepted = a->blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING,
+		.info = {.owner = owner, .accepted = a->blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING},
 	};
 	if (bpf_map_update_elem(&sl_listeners, &l, &v, BPF_NOEXIST)) {
 		owner_release(owner, SL_HOLD_LISTENERS);

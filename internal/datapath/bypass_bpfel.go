@@ -168,10 +168,19 @@ type bypassSlEventsCfg struct {
 	UntilNs uint64
 }
 
+type bypassSlKernelBug uint32
+
+const (
+	bypassSlKernelBugSL_BUG_FIONREAD_ZERO        bypassSlKernelBug = 1
+	bypassSlKernelBugSL_BUG_MSG_PEEK             bypassSlKernelBug = 2
+	bypassSlKernelBugSL_BUG_SPLICE_BLIND         bypassSlKernelBug = 4
+	bypassSlKernelBugSL_BUG_BLOCKING_READ_EAGAIN bypassSlKernelBug = 8
+)
+
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 5
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 6
 )
 
 type bypassSlListener struct {
@@ -181,7 +190,7 @@ type bypassSlListener struct {
 	Pad   uint32
 }
 
-type bypassSlListenerVal struct {
+type bypassSlListenerInfo struct {
 	_        structs.HostLayout
 	Cookie   uint64
 	Owner    uint64
@@ -280,6 +289,7 @@ const (
 	bypassMapSlConns         = "sl_conns"
 	bypassMapSlEvSettings    = "sl_ev_settings"
 	bypassMapSlEvents        = "sl_events"
+	bypassMapSlKernel        = "sl_kernel"
 	bypassMapSlLayout        = "sl_layout"
 	bypassMapSlListeners     = "sl_listeners"
 	bypassMapSlOwners        = "sl_owners"
@@ -294,6 +304,7 @@ const (
 	bypassVarBacklogLimit    = "backlog_limit"
 	bypassVarBlockingTcp     = "blocking_tcp"
 	bypassVarBriefLearn      = "brief_learn"
+	bypassVarListenerKptr    = "listener_kptr"
 	bypassVarSlEnumsUnused   = "sl_enums_unused"
 	bypassVarVerdictWindow   = "verdict_window"
 )
@@ -361,6 +372,7 @@ type bypassMapSpecs struct {
 	SlConns       *ebpf.MapSpec `ebpf:"sl_conns"`
 	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
+	SlKernel      *ebpf.MapSpec `ebpf:"sl_kernel"`
 	SlLayout      *ebpf.MapSpec `ebpf:"sl_layout"`
 	SlListeners   *ebpf.MapSpec `ebpf:"sl_listeners"`
 	SlOwners      *ebpf.MapSpec `ebpf:"sl_owners"`
@@ -376,6 +388,7 @@ type bypassVariableSpecs struct {
 	BacklogLimit  *ebpf.VariableSpec `ebpf:"backlog_limit"`
 	BlockingTcp   *ebpf.VariableSpec `ebpf:"blocking_tcp"`
 	BriefLearn    *ebpf.VariableSpec `ebpf:"brief_learn"`
+	ListenerKptr  *ebpf.VariableSpec `ebpf:"listener_kptr"`
 	SlEnumsUnused *ebpf.VariableSpec `ebpf:"sl_enums_unused"`
 	VerdictWindow *ebpf.VariableSpec `ebpf:"verdict_window"`
 }
@@ -410,6 +423,7 @@ type bypassMaps struct {
 	SlConns       *ebpf.Map `ebpf:"sl_conns"`
 	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
+	SlKernel      *ebpf.Map `ebpf:"sl_kernel"`
 	SlLayout      *ebpf.Map `ebpf:"sl_layout"`
 	SlListeners   *ebpf.Map `ebpf:"sl_listeners"`
 	SlOwners      *ebpf.Map `ebpf:"sl_owners"`
@@ -430,6 +444,7 @@ func (m *bypassMaps) Close() error {
 		m.SlConns,
 		m.SlEvSettings,
 		m.SlEvents,
+		m.SlKernel,
 		m.SlLayout,
 		m.SlListeners,
 		m.SlOwners,
@@ -446,6 +461,7 @@ type bypassVariables struct {
 	BacklogLimit  *ebpf.Variable `ebpf:"backlog_limit"`
 	BlockingTcp   *ebpf.Variable `ebpf:"blocking_tcp"`
 	BriefLearn    *ebpf.Variable `ebpf:"brief_learn"`
+	ListenerKptr  *ebpf.Variable `ebpf:"listener_kptr"`
 	SlEnumsUnused *ebpf.Variable `ebpf:"sl_enums_unused"`
 	VerdictWindow *ebpf.Variable `ebpf:"verdict_window"`
 }

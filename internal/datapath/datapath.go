@@ -119,12 +119,14 @@ func Open(cfg Config) (*Datapath, error) {
 	return d, nil
 }
 
-func loadSpec(cfg Config, f Features) (*ebpf.CollectionSpec, error) {
+func loadSpec(cfg Config, f *Features) (*ebpf.CollectionSpec, error) {
 	spec, err := loadBypass()
 	if err != nil {
 		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
 	}
-	f.adapt(spec)
+	if err := f.adapt(spec); err != nil {
+		return nil, err
+	}
 	for _, m := range spec.Maps {
 		if strings.HasPrefix(m.Name, "sl_") {
 			m.Pinning = ebpf.PinByName
@@ -140,7 +142,7 @@ func loadSpec(cfg Config, f Features) (*ebpf.CollectionSpec, error) {
 }
 
 func create(cfg Config, f Features) (*Datapath, error) {
-	spec, err := loadSpec(cfg, f)
+	spec, err := loadSpec(cfg, &f)
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +168,7 @@ func create(cfg Config, f Features) (*Datapath, error) {
 	if err := d.recordLayout(); err != nil {
 		return nil, err
 	}
+	d.detectBugs()
 	if err := d.fillFreeSlots(); err != nil {
 		return nil, err
 	}
@@ -203,7 +206,7 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 	if err := checkLayout(cfg.PinDir); err != nil {
 		return nil, err
 	}
-	spec, err := loadSpec(cfg, f)
+	spec, err := loadSpec(cfg, &f)
 	if err != nil {
 		return nil, err
 	}
@@ -219,6 +222,7 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 		return nil, fmt.Errorf("adopting pinned maps in %s (incompatible or damaged: run `socklane down`, which drains bypassed connections first, and start again): %w", cfg.PinDir, err)
 	}
 	d.objs.bypassMaps = mapsOnly.bypassMaps
+	d.readBugs()
 	if d.objs.SlSockops, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinSockops), nil); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("adopting pinned sl_sockops: %w", err)

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
+	"github.com/socklane/socklane/internal/sockbugs"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,6 +26,16 @@ type Features struct {
 	// still knows whether any are queued (what leaving the map safely
 	// needs), but not how many: the receiver backlog rule is off.
 	PsockMsgTotLen bool `json:"psock_msg_tot_len"`
+	// HashKptr: the socket pointer in sl_listeners' value (a hash map) is
+	// parsed as a kernel pointer, probed on the map itself when the spec
+	// is adapted (some layouts are not on 6.1, which then makes the field
+	// a plain number): listeners keep a pointer to their socket, else
+	// only its mode at listen().
+	HashKptr bool `json:"hash_kptr"`
+	// Bugs are the sockmap bugs found by behaviour when the datapath was
+	// created (internal/sockbugs), and why none could be, if so.
+	Bugs      []sockbugs.Bug `json:"bugs"`
+	BugsError string         `json:"bugs_error,omitempty"`
 }
 
 // Adapted says, per feature missing, what the datapath does instead.
@@ -32,10 +44,30 @@ func (f Features) Adapted() []string {
 	if !f.KptrUntrusted {
 		out = append(out, "socket pointers in maps tagged kptr (the pre-6.3 name of kptr_untrusted)")
 	}
+	if !f.HashKptr {
+		out = append(out, "a listener's mode is read at listen() only (no socket pointer in a hash map's value): servers that go non-blocking after listen() have their first connections kept on TCP")
+	}
 	if !f.PsockMsgTotLen {
 		out = append(out, "receiver backlog rule off: the kernel's sk_psock has no msg_tot_len (only whether bytes are queued is read)")
 	}
 	return out
+}
+
+// Summary is one line: the features and what was adapted, and the bugs.
+func (f Features) Summary() string {
+	bugs := []string{}
+	for _, b := range f.Bugs {
+		bugs = append(bugs, b.Name)
+	}
+	if f.BugsError != "" {
+		bugs = append(bugs, "(not probed: "+f.BugsError+")")
+	}
+	adapted := f.Adapted()
+	if len(adapted) == 0 {
+		adapted = []string{"nothing"}
+	}
+	return fmt.Sprintf("kptr_untrusted %v, kptr in hash maps %v, sk_psock.msg_tot_len %v; adapted: %s; sockmap bugs found: %s",
+		f.KptrUntrusted, f.HashKptr, f.PsockMsgTotLen, strings.Join(adapted, "; "), strings.Join(bugs, ", "))
 }
 
 // ProbeFeatures probes the running kernel.
@@ -55,7 +87,7 @@ func ProbeFeatures() (Features, error) {
 			f.PsockMsgTotLen = f.PsockMsgTotLen || m.Name == "msg_tot_len"
 		}
 	}
-	if f.KptrUntrusted, err = probeKptrTag("kptr_untrusted"); err != nil {
+	if f.KptrUntrusted, err = probeKptrTag("kptr_untrusted", ebpf.Array); err != nil {
 		return f, fmt.Errorf("probing kptr_untrusted map fields: %w", err)
 	}
 	return f, nil
@@ -65,26 +97,26 @@ func ProbeFeatures() (Features, error) {
 // field tagged tag as a kernel pointer: the verifier then refuses a program
 // storing a number into it. A tag the kernel does not know leaves a plain
 // 8-byte field, where the store is fine.
-func probeKptrTag(tag string) (bool, error) {
+func probeKptrTag(tag string, typ ebpf.MapType) (bool, error) {
 	sock := &btf.Struct{Name: "sock"}
 	val := &btf.Struct{Name: "sl_probe_val", Size: 8, Members: []btf.Member{
 		{Name: "sk", Type: &btf.Pointer{Target: &btf.TypeTag{Value: tag, Type: sock}}},
 	}}
 	m, err := ebpf.NewMap(&ebpf.MapSpec{
-		Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1,
+		Type: typ, KeySize: 4, ValueSize: 8, MaxEntries: 1,
 		Key: &btf.Int{Name: "u32", Size: 4}, Value: val,
 	})
 	if err != nil {
 		return false, fmt.Errorf("creating probe map: %w", err)
 	}
 	defer m.Close()
-	return fieldIsKptr(m)
+	return fieldIsKptr(m, 0)
 }
 
-// fieldIsKptr reports whether the kernel took the first 8 bytes of m's
+// fieldIsKptr reports whether the kernel took the 8 bytes at off of m's
 // values for a kernel pointer: the verifier then refuses a program storing
 // a number there.
-func fieldIsKptr(m *ebpf.Map) (bool, error) {
+func fieldIsKptr(m *ebpf.Map, off int16) (bool, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:    ebpf.SocketFilter,
 		License: "GPL",
@@ -99,7 +131,7 @@ func fieldIsKptr(m *ebpf.Map) (bool, error) {
 			asm.FnMapLookupElem.Call(),
 			asm.JEq.Imm(asm.R0, 0, "out"),
 			asm.Mov.Imm(asm.R1, 1),
-			asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
+			asm.StoreMem(asm.R0, off, asm.R1, asm.DWord),
 			asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
 			asm.Return(),
 		},
@@ -116,7 +148,39 @@ func fieldIsKptr(m *ebpf.Map) (bool, error) {
 }
 
 // adapt rewrites spec for what the kernel lacks.
-func (f Features) adapt(spec *ebpf.CollectionSpec) {
+func (f *Features) adapt(spec *ebpf.CollectionSpec) error {
+	f.retag(spec)
+	var err error
+	if f.HashKptr, err = listenerKptr(spec); err != nil {
+		return err
+	}
+	if !f.HashKptr {
+		if err := spec.Variables[bypassVarListenerKptr].Set(uint32(0)); err != nil {
+			return fmt.Errorf("setting listener_kptr: %w", err)
+		}
+	}
+	return nil
+}
+
+// listenerKptr makes a one-entry sl_listeners as the spec has it and asks
+// the verifier whether its socket pointer is one.
+func listenerKptr(spec *ebpf.CollectionSpec) (bool, error) {
+	ms := spec.Maps[bypassMapSlListeners].Copy()
+	ms.Pinning, ms.MaxEntries = ebpf.PinNone, 1
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		return false, fmt.Errorf("probing sl_listeners: %w", err)
+	}
+	defer m.Close()
+	ok, err := fieldIsKptr(m, int16(binary.Size(bypassSlListenerInfo{})))
+	if err != nil {
+		return false, fmt.Errorf("probing sl_listeners' socket pointer: %w", err)
+	}
+	return ok, nil
+}
+
+// retag gives the spec's kernel pointer fields the tag this kernel knows.
+func (f Features) retag(spec *ebpf.CollectionSpec) {
 	if f.KptrUntrusted {
 		return
 	}

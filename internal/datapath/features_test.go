@@ -3,6 +3,7 @@ package datapath
 import (
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/socklane/socklane/internal/testutil"
 )
@@ -18,7 +19,7 @@ func TestAdaptKptrTag(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		Features{KptrUntrusted: tt.untrusted, PsockMsgTotLen: true}.adapt(spec)
+		Features{KptrUntrusted: tt.untrusted, PsockMsgTotLen: true}.retag(spec)
 		found := 0
 		for _, m := range spec.Maps {
 			st, ok := m.Value.(*btf.Struct)
@@ -36,8 +37,8 @@ func TestAdaptKptrTag(t *testing.T) {
 				}
 			}
 		}
-		if found < 2 { // sl_conn_socks.client, .server
-			t.Errorf("%d tagged pointer fields, want 2", found)
+		if found < 3 { // sl_conn_socks.client, .server, sl_listeners.sk
+			t.Errorf("%d tagged pointer fields, want 3", found)
 		}
 	}
 }
@@ -51,7 +52,7 @@ func TestProbeFeatures(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%+v, adapted: %v", f, f.Adapted())
-	if ok, err := probeKptrTag("kptr_no_such_tag"); err != nil || ok {
+	if ok, err := probeKptrTag("kptr_no_such_tag", ebpf.Array); err != nil || ok {
 		t.Errorf("an unknown tag probed as a kptr: %v %v", ok, err)
 	}
 }

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -118,10 +119,13 @@ func (d *Datapath) ForgetListenersOf(gone map[uint64]bool) (int, error) {
 	}
 	var stale []bypassSlListener
 	var k bypassSlListener
-	var v bypassSlListenerVal
+	v := make([]byte, d.objs.SlListeners.ValueSize())
 	it := d.objs.SlListeners.Iterate()
 	for it.Next(&k, &v) {
-		if gone[v.Owner] {
+		// struct sl_listener_val: the information first (the socket
+		// pointer after it has no Go type).
+		var info bypassSlListenerInfo
+		if _, err := binary.Decode(v, binary.NativeEndian, &info); err == nil && gone[info.Owner] {
 			stale = append(stale, k)
 		}
 	}

@@ -51,7 +51,16 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 5,
+	SL_LAYOUT_VERSION = 6,
+};
+
+/* Kernel sockmap bugs detected by behaviour when the datapath was created
+ * (internal/sockbugs), one bit each, recorded in sl_kernel. */
+enum sl_kernel_bug {
+	SL_BUG_FIONREAD_ZERO = 1 << 0,
+	SL_BUG_MSG_PEEK = 1 << 1,
+	SL_BUG_SPLICE_BLIND = 1 << 2,
+	SL_BUG_BLOCKING_READ_EAGAIN = 1 << 3,
 };
 
 /* Connection state, packed with generation and membership in one 64-bit word

@@ -28,6 +28,15 @@ struct {
 	__type(value, enum sl_layout_version);
 } sl_layout SEC(".maps");
 
+/* One entry: the sockmap bugs (enum sl_kernel_bug bits) found when the
+ * datapath was created. Written by the loader, read by `status`. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, enum sl_kernel_bug);
+} sl_kernel SEC(".maps");
+
 /* Per-socket state. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);

@@ -94,15 +94,25 @@ enum sl_accepted_mode {
 };
 
 /* What the datapath knows of a listener: the mode of the last socket it
- * accepted, and until one is seen the listening socket's own mode at
- * listen() (which predicts its accepted sockets'). No socket pointer: a
- * kptr field in a hash map is not parsed on 6.1, and the listener is
- * matched at its close by cookie. */
-struct sl_listener_val {
+ * accepted, and until one is seen the listening socket's own mode (which
+ * predicts its accepted sockets'). The listener is matched at its close by
+ * cookie. */
+struct sl_listener_info {
 	__u64 cookie;   /* the listening socket's, 0 if found some other way */
 	__u64 owner;    /* cgroup id charged for the entry */
 	__u32 accepted; /* enum sl_accepted_mode: of the last socket accepted */
 	__u32 listened; /* enum sl_accepted_mode: the listening socket's at listen() */
+};
+
+/* The listener's information first (what Go reads: a pointer field has no
+ * Go type), then the listening socket, whose mode predicts better than at
+ * listen() (servers such as redis set O_NONBLOCK after listen()). The
+ * pointer is used only where the kernel parses a kptr in a hash map's
+ * value (listener_kptr): 6.1 does not, and the field is then never
+ * written. */
+struct sl_listener_val {
+	struct sl_listener_info info;
+	struct sock __kptr_untrusted *sk;
 };
 
 /* What one owner (a cgroup id) holds of the node-wide tables and what it was

@@ -203,7 +203,7 @@ func newNode(t *testing.T) *node {
 	if _, err := n.dp.Attach(n.cgroup, id); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("kernel %s: %+v, adapted %v", kernel(), n.dp.Features(), n.dp.Features().Adapted())
+	t.Logf("SLKF %s", n.dp.Features().Summary())
 	return n
 }
 

@@ -1,0 +1,325 @@
+// Package sockbugs detects, by behaviour, the kernel's known sockmap bugs
+// that decide what socklane may bypass: two loopback sockets in a private
+// network namespace are put in a socket map of the probe's own, one
+// redirects to the other's receive queue (as the datapath does), and the
+// receiver is read the ways programs read. No version string is trusted.
+package sockbugs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Bug is one known sockmap bug, as detected on this kernel.
+type Bug struct {
+	Name    string `json:"name"`
+	Present bool   `json:"present"`
+	// What it breaks, and the upstream change that removes it.
+	Effect string `json:"effect"`
+	Fix    string `json:"fix"`
+	// Seen is what the probe observed.
+	Seen string `json:"seen"`
+}
+
+// Report is every bug probed.
+type Report struct {
+	Bugs []Bug `json:"bugs"`
+}
+
+// Has reports whether the named bug was detected.
+func (r Report) Has(name string) bool {
+	for _, b := range r.Bugs {
+		if b.Name == name {
+			return b.Present
+		}
+	}
+	return false
+}
+
+// Names of the bugs probed.
+const (
+	FIONREAD        = "fionread_zero"
+	Peek            = "msg_peek"
+	Splice          = "splice_blind"
+	BlockingEAGAIN  = "blocking_read_eagain"
+	probeMessage    = "socklane-probe"
+	probeSignalWait = 200 * time.Millisecond
+)
+
+// Describe is what is known of a bug by name: its effect and its fix.
+func Describe(name string) Bug {
+	b := Bug{Name: name}
+	switch name {
+	case FIONREAD:
+		b.Effect = "FIONREAD answers 0 for redirected bytes: programs that size their reads by it (nginx) wait forever"
+		b.Fix = "929e30f93125 and b40cc5adaa80 (bpf, sockmap: FIONREAD for redirected bytes)"
+	case Peek:
+		b.Effect = "MSG_PEEK does not see redirected bytes"
+		b.Fix = "da9e915eaf5d (bpf, sockmap: MSG_PEEK on ingress messages, 6.6)"
+	case Splice:
+		b.Effect = "splice(2) from the receiver never sees redirected bytes (Go's io.Copy between TCP connections, proxies): such a connection stalls"
+		b.Fix = "tcp_bpf: splice_read for sockmap sockets (proposed upstream, not merged)"
+	case BlockingEAGAIN:
+		b.Effect = "a blocking read on a bypassed socket interrupted by a signal returns EAGAIN, which plain TCP never does (Go's runtime signals its threads): socklane keeps blocking sockets on TCP"
+		b.Fix = "none merged"
+	}
+	return b
+}
+
+// Names lists every bug probed, in report order.
+func Names() []string { return []string{FIONREAD, Peek, Splice, BlockingEAGAIN} }
+
+// Detect runs every probe in a private network namespace, on a thread of
+// its own; the caller's namespace never changes.
+func Detect() (Report, error) {
+	type result struct {
+		r   Report
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// The thread is left locked (and so ended) afterwards: it is in
+		// another namespace.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("making a private network namespace: %w", err)}
+			return
+		}
+		r, err := detect()
+		ch <- result{r, err}
+	}()
+	res := <-ch
+	return res.r, res.err
+}
+
+func detect() (Report, error) {
+	if err := loopbackUp(); err != nil {
+		return Report{}, err
+	}
+	var r Report
+	// Each probe on a pair of its own, with bytes just redirected.
+	probes := []struct {
+		name string
+		test func(p *pair) (bool, string, error)
+	}{
+		{FIONREAD, func(p *pair) (bool, string, error) {
+			n, err := unix.IoctlGetInt(p.server, unix.SIOCINQ)
+			return err == nil && n == 0, fmt.Sprintf("FIONREAD %d with %d bytes redirected (err %v)", n, len(probeMessage), err), nil
+		}},
+		{Peek, func(p *pair) (bool, string, error) {
+			buf := make([]byte, 64)
+			n, _, err := unix.Recvfrom(p.server, buf, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			return n != len(probeMessage), fmt.Sprintf("peeked %d bytes (err %v)", n, err), nil
+		}},
+		{Splice, func(p *pair) (bool, string, error) {
+			var pipe [2]int
+			if err := unix.Pipe2(pipe[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+				return false, "", err
+			}
+			defer unix.Close(pipe[0])
+			defer unix.Close(pipe[1])
+			// Non-blocking, as Go's and event-driven proxies' sockets
+			// are: a blocking one would wait here for ever.
+			if err := unix.SetNonblock(p.server, true); err != nil {
+				return false, "", err
+			}
+			n, err := unix.Splice(p.server, nil, pipe[1], nil, 64, unix.SPLICE_F_NONBLOCK)
+			return n <= 0, fmt.Sprintf("spliced %d bytes (err %v)", n, err), nil
+		}},
+		{BlockingEAGAIN, func(p *pair) (bool, string, error) {
+			buf := make([]byte, 64)
+			if _, err := unix.Read(p.server, buf); err != nil { // the probe message
+				return false, "", err
+			}
+			return p.interruptedRead()
+		}},
+	}
+	for _, pr := range probes {
+		p, err := newPair()
+		if err != nil {
+			return r, err
+		}
+		bug := Describe(pr.name)
+		err = p.send()
+		if err == nil {
+			bug.Present, bug.Seen, err = pr.test(p)
+		}
+		p.close()
+		if err != nil {
+			return r, fmt.Errorf("probing %s: %w", pr.name, err)
+		}
+		r.Bugs = append(r.Bugs, bug)
+	}
+	return r, nil
+}
+
+// loopbackUp brings lo up in the current (private) namespace.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("reading lo's flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	return nil
+}
+
+// pair is a client and a server socket over loopback, both in a socket map
+// whose sk_msg program redirects the client's sends into the server's
+// receive queue.
+type pair struct {
+	client, server int
+	m              *ebpf.Map
+	prog           *ebpf.Program
+}
+
+func newPair() (*pair, error) {
+	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(ln)
+	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		return nil, err
+	}
+	if err := unix.Listen(ln, 1); err != nil {
+		return nil, err
+	}
+	sa, err := unix.Getsockname(ln)
+	if err != nil {
+		return nil, err
+	}
+	p := &pair{client: -1, server: -1}
+	ok := false
+	defer func() {
+		if !ok {
+			p.close()
+		}
+	}()
+	if p.client, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+		return nil, err
+	}
+	if err := unix.Connect(p.client, sa); err != nil {
+		return nil, err
+	}
+	if p.server, _, err = unix.Accept4(ln, unix.SOCK_CLOEXEC); err != nil {
+		return nil, err
+	}
+	// No probe may hang: a blocking read gives up after 2 s.
+	tv := unix.Timeval{Sec: 2}
+	if err := unix.SetsockoptTimeval(p.server, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return nil, err
+	}
+	if p.m, err = ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.SockHash, KeySize: 4, ValueSize: 8, MaxEntries: 2}); err != nil {
+		return nil, fmt.Errorf("creating a socket map: %w", err)
+	}
+	p.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:    ebpf.SkMsg,
+		License: "GPL",
+		Instructions: asm.Instructions{
+			// r1 = msg (already); key 0 on the stack.
+			asm.Mov.Imm(asm.R2, 0),
+			asm.StoreMem(asm.RFP, -8, asm.R2, asm.Word),
+			asm.LoadMapPtr(asm.R2, p.m.FD()),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, -8),
+			asm.Mov.Imm(asm.R4, 1), // BPF_F_INGRESS
+			asm.FnMsgRedirectHash.Call(),
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading the probe's sk_msg program: %w", err)
+	}
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.m.FD(), Program: p.prog, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
+		return nil, fmt.Errorf("attaching the probe's sk_msg program: %w", err)
+	}
+	// After the program: a socket takes the map's programs when it joins.
+	// Key 0: the server (the redirect target).
+	for key, fd := range []int{p.server, p.client} {
+		if err := p.m.Update(uint32(key), uint64(fd), ebpf.UpdateAny); err != nil {
+			return nil, fmt.Errorf("adding a socket to the map: %w", err)
+		}
+	}
+	ok = true
+	return p, nil
+}
+
+func (p *pair) send() error {
+	n, err := unix.Write(p.client, []byte(probeMessage))
+	if err != nil || n != len(probeMessage) {
+		return fmt.Errorf("sending through the probe's socket map: %d bytes, %v", n, err)
+	}
+	// Redirects are synchronous; give a wake-up a moment anyway.
+	time.Sleep(10 * time.Millisecond)
+	return nil
+}
+
+// interruptedRead blocks in read on the (empty) server socket on a thread
+// of its own, signals that thread, and reports whether the read returned
+// EAGAIN.
+func (p *pair) interruptedRead() (bool, string, error) {
+	type result struct {
+		n   int
+		err error
+	}
+	tidCh := make(chan int, 1)
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tidCh <- unix.Gettid()
+		buf := make([]byte, 64)
+		n, err := unix.Read(p.server, buf)
+		done <- result{n, err}
+	}()
+	tid := <-tidCh
+	time.Sleep(probeSignalWait)
+	// SIGURG: the Go runtime's own preemption signal, with a handler
+	// installed without SA_RESTART semantics mattering to a raw read.
+	if err := unix.Tgkill(os.Getpid(), tid, syscall.SIGURG); err != nil {
+		return false, "", err
+	}
+	select {
+	case r := <-done:
+		return errors.Is(r.err, unix.EAGAIN), fmt.Sprintf("read returned %d, %v after a signal", r.n, r.err), nil
+	case <-time.After(probeSignalWait):
+	}
+	// Still blocked (the kernel restarted it): end it with a byte.
+	_, _ = unix.Write(p.client, []byte{0})
+	r := <-done
+	return errors.Is(r.err, unix.EAGAIN), fmt.Sprintf("read kept blocking through a signal, then returned %d, %v", r.n, r.err), nil
+}
+
+func (p *pair) close() {
+	for _, fd := range []int{p.client, p.server} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	if p.prog != nil {
+		p.prog.Close()
+	}
+	if p.m != nil {
+		p.m.Close()
+	}
+}
