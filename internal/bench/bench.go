@@ -226,23 +226,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding own executable: %w", err)
 	}
-	bed, err := testbed.New()
-	if err != nil {
-		return nil, fmt.Errorf("creating pods: %w", err)
-	}
-	defer func() {
-		if err := bed.Close(); err != nil {
-			o.Log.Warn("cleaning up pods", "err", err)
-		}
-	}()
-	client, err := bed.AddPod("client")
+	bed, client, server, err := clientServer()
 	if err != nil {
 		return nil, err
 	}
-	server, err := bed.AddPod("server")
-	if err != nil {
-		return nil, err
-	}
+	defer closeBed(bed, o.Log)
 	host, err := bed.AddHostPod("host")
 	if err != nil {
 		return nil, err
@@ -674,4 +662,28 @@ func cpus() int {
 		return 1
 	}
 	return set.Count()
+}
+
+// clientServer makes a bed with a client and a server pod, which the
+// caller closes (closeBed); on error nothing is left.
+func clientServer() (*testbed.Bed, *testbed.Pod, *testbed.Pod, error) {
+	bed, err := testbed.New()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("creating pods: %w", err)
+	}
+	client, err := bed.AddPod("client")
+	if err == nil {
+		var server *testbed.Pod
+		if server, err = bed.AddPod("server"); err == nil {
+			return bed, client, server, nil
+		}
+	}
+	_ = bed.Close()
+	return nil, nil, nil, err
+}
+
+func closeBed(bed *testbed.Bed, log *slog.Logger) {
+	if err := bed.Close(); err != nil {
+		log.Warn("cleaning up pods", "err", err)
+	}
 }

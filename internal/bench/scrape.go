@@ -69,23 +69,11 @@ func Scrape(ctx context.Context, o ScrapeOptions) (*ScrapeReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding own executable: %w", err)
 	}
-	bed, err := testbed.New()
-	if err != nil {
-		return nil, fmt.Errorf("creating pods: %w", err)
-	}
-	defer func() {
-		if err := bed.Close(); err != nil {
-			o.Log.Warn("cleaning up pods", "err", err)
-		}
-	}()
-	client, err := bed.AddPod("client")
+	bed, client, server, err := clientServer()
 	if err != nil {
 		return nil, err
 	}
-	server, err := bed.AddPod("server")
-	if err != nil {
-		return nil, err
-	}
+	defer closeBed(bed, o.Log)
 	pinDir := filepath.Join(o.BPFFS, "socklane-bench-scrape-"+strconv.Itoa(os.Getpid()))
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir})
 	if err != nil {
