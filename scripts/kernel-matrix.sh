@@ -8,6 +8,9 @@
 #
 #   scripts/kernel-matrix.sh [--doc docs/kernels.md] [PACKAGE...]
 #
+# SOCKLANE_MATRIX_KERNELS ("run:PACKAGE refuse:URL@SHA256 ...") and
+# SOCKLANE_MATRIX_TESTS ("kerneltest e2e ...") narrow a run by hand.
+#
 # Packages default to the newest linux-image-6.1.0-*-cloud-amd64-unsigned and
 # linux-image-6.12.*+deb12-cloud-amd64-unsigned apt knows. Kernels are cached
 # by package version under ${SOCKLANE_KERNEL_CACHE:-/var/cache/socklane/kernels}.
@@ -27,36 +30,96 @@ done
 busybox=$(command -v busybox)
 file -L "$busybox" 2>/dev/null | grep -q 'statically linked' || { log "$busybox is not static: install busybox-static"; exit 2; }
 
-pkgs=("$@")
-if [ ${#pkgs[@]} -eq 0 ]; then
+# Kernels: "run:PACKAGE" must run the datapath's tests; "refuse:URL@SHA256"
+# (a package outside apt's sources, pinned by hash) must be refused by name:
+# Debian 11's 5.10 lacks program types and helpers the datapath uses.
+refuse_deb="http://deb.debian.org/debian/pool/main/l/linux/linux-image-5.10.0-32-cloud-amd64-unsigned_5.10.223-1_amd64.deb"
+refuse_sha="b1fb8d34c26105a2ba1271a3df868a9eea460657df98c77fd08822ef4908c9db"
+kernels=()
+for p in "$@"; do kernels+=("run:$p"); done
+[ -z "${SOCKLANE_MATRIX_KERNELS:-}" ] || read -r -a kernels <<< "$SOCKLANE_MATRIX_KERNELS"
+if [ ${#kernels[@]} -eq 0 ]; then
   newest() { apt-cache search --names-only "$1" | awk '{print $1}' | sort -V | tail -1; }
-  pkgs=("$(newest '^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$')"
-        "$(newest '^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$')")
+  for p in "$(newest '^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$')" \
+           "$(newest '^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$')"; do
+    [ -n "$p" ] || { log "apt knows no such kernel package (apt-get update?)"; exit 2; }
+    kernels+=("run:$p")
+  done
+  kernels+=("refuse:$refuse_deb@$refuse_sha")
 fi
-for p in "${pkgs[@]}"; do [ -n "$p" ] || { log "apt knows no such kernel package (apt-get update?)"; exit 2; }; done
 
-# The tests, static: the guest has no C library.
-bins=(kerneltest datapath sockbugs)
+# The tests, static (the guest has no Go toolchain): the kernel-only tests,
+# and the end-to-end tests that prove the datapath (pods on a bridge, the
+# socklane command, bypass integrity, fallbacks, service load balancing,
+# attacks, lifecycle). The others need programs the guest cannot carry
+# (redis, nginx, containerd, a Kubernetes API server) or are benchmarks.
+read -r -a bins <<< "${SOCKLANE_MATRIX_TESTS:-kerneltest datapath sockbugs e2e}"
+e2e_run='^(TestBypassIntegrity|TestBlockingIO|TestLoopbackNamespaceIsolation|TestRemotePeerNotRedirected|TestConnsTable'
+e2e_run+='|TestServiceLB|TestServiceLBEdgeCases|TestServiceBackendRemoval|TestServiceTrackedPrune|TestServiceBadYAML'
+e2e_run+='|TestBriefConnections|TestNoPeerConnections|TestBacklogGrace|TestFastOpenOrder|TestConnectionTakeover'
+e2e_run+='|TestDetachReclaimsSlots|TestBadInput|TestSettingsFixedAtLoad|TestAgentRestartAndDown|TestDownRemovesOnlyOwnPins'
+e2e_run+='|TestAdoptRefusesOtherLayout|TestEvents|TestAgentServiceFile)$'
+e2e_run="${SOCKLANE_MATRIX_E2E:-$e2e_run}"
+root="$work/root"
+mkdir -p "$root"/{bin,usr/bin,proc,sys,dev,tmp,run,tests,etc,lib64,sbin}
+mkdir -p "$root/var" && ln -s ../run "$root/var/run"
 for b in "${bins[@]}"; do
-  (cd "$here" && CGO_ENABLED=0 go test -c -trimpath -o "$work/$b.test" "./internal/$b") 
+  (cd "$here" && CGO_ENABLED=0 go test -c -trimpath -o "$root/tests/$b.test" "./internal/$b")
 done
+(cd "$here" && CGO_ENABLED=0 go build -trimpath -o "$root/usr/bin/socklane" ./cmd/socklane)
+printf '%s\n' "-test.run=$e2e_run -integrity.bytes=131072" > "$root/tests/e2e.args"
 
-cat > "$work/init" <<'INIT'
+# Userland: busybox, and the host's own ip, ss, nft, iptables, nsenter,
+# unshare, setpriv and sysctl with the libraries they load (glibc runs on
+# any of these kernels).
+cp "$busybox" "$root/bin/busybox"
+for a in $("$busybox" --list); do [ "$a" = busybox ] || ln -sf busybox "$root/bin/$a"; done
+ln -sf ../bin/busybox "$root/sbin/modprobe"
+copy_libs() {
+  ldd "$1" 2>/dev/null | grep -o '/[^ ]*' | while read -r lib; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+}
+for tool in ip ss nft nsenter unshare setpriv sysctl; do
+  src=$(readlink -f "$(command -v "$tool")") || { log "$tool is missing: run scripts/install-deps.sh"; exit 2; }
+  cp "$src" "$root/usr/bin/$tool"
+  copy_libs "$src"
+done
+xt=$(readlink -f "$(command -v iptables)")
+cp "$xt" "$root/usr/bin/xtables-nft-multi"
+copy_libs "$xt"
+for a in iptables ip6tables iptables-restore iptables-save; do ln -sf xtables-nft-multi "$root/usr/bin/$a"; done
+xtdir=$(dirname "$(ldd "$xt" | grep -o '/[^ ]*libxtables[^ ]*')")/xtables
+[ -d "$xtdir" ] || xtdir=/usr/lib/x86_64-linux-gnu/xtables
+mkdir -p "$root$xtdir" && cp "$xtdir"/*.so "$root$xtdir/"
+for so in "$root$xtdir"/*.so; do copy_libs "$so"; done
+printf 'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$root/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\n' > "$root/etc/group"
+
+cat > "$root/init" <<'INIT'
 #!/bin/sh
-export PATH=/bin CI=true HOME=/tmp
+export PATH=/usr/bin:/bin:/sbin CI=true HOME=/tmp SOCKLANE_TEST_BINARY=/usr/bin/socklane
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
+echo /sbin/modprobe > /proc/sys/kernel/modprobe
+for m in veth bridge br_netfilter nf_tables nft_compat nft_chain_nat nf_nat nft_ct nft_reject_inet inet_diag tcp_diag udp_diag; do
+  modprobe "$m" || echo "SLK modprobe $m failed"
+done
 ip link set lo up
 echo "SLK kernel $(uname -r)"
 rc=0
 for t in /tests/*.test; do
   name=$(basename "$t" .test)
+  args=""
+  [ -f "/tests/$name.args" ] && args=$(cat "/tests/$name.args")
   echo "SLK begin $name"
-  cd /tmp && "$t" -test.v -test.timeout 20m
+  cd /tmp && "$t" -test.v -test.timeout 40m $args
   r=$?
   echo "SLK end $name $r"
   [ $r = 0 ] || rc=1
@@ -64,46 +127,96 @@ done
 echo "SLK exit $rc"
 poweroff -f
 INIT
+chmod +x "$root/init"
+
+# modules the guest loads (and the kernel autoloads through modprobe):
+# veth, the bridge and netfilter, decompressed (busybox's modprobe reads
+# plain .ko) with a modules.dep made for them.
+guest_modules() { # KDIR KVER DEST
+  local src="$1/lib/modules/$2" dst="$3/lib/modules/$2"
+  mkdir -p "$dst"
+  (cd "$src" && find kernel/drivers/net/veth.ko* kernel/net/bridge kernel/net/802 kernel/net/llc kernel/net/core \
+      kernel/net/ipv4/inet_diag.ko* kernel/net/ipv4/tcp_diag.ko* kernel/net/ipv4/udp_diag.ko* kernel/net/ipv4/raw_diag.ko* \
+      kernel/net/netfilter kernel/net/ipv4/netfilter kernel/net/ipv6/netfilter kernel/lib kernel/crypto \
+      -name '*.ko*' 2>/dev/null || true) | while read -r m; do
+    mkdir -p "$dst/$(dirname "$m")"
+    case "$m" in
+      *.xz) xz -dc "$src/$m" > "$dst/${m%.xz}" ;;
+      *.zst) zstd -qdc "$src/$m" > "$dst/${m%.zst}" ;;
+      *) cp "$src/$m" "$dst/$m" ;;
+    esac
+  done
+  "$busybox" depmod -b "$3" "$2"
+}
 
 overall=0
 results="$work/results"
 : > "$results"
-for pkg in "${pkgs[@]}"; do
-  kver=${pkg#linux-image-}; kver=${kver%-unsigned}
-  ver=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')
+for k in "${kernels[@]}"; do
+  mode=${k%%:*} src=${k#*:}
+  if [ "$mode" = run ]; then
+    pkg=$src
+    kver=${pkg#linux-image-}; kver=${kver%-unsigned}
+    ver=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')
+  else
+    url=${src%@*} sha=${src##*@} deb=$(basename "${src%@*}")
+    kver=${deb#linux-image-}; kver=${kver%%-unsigned_*}
+    ver=${deb#*-unsigned_}; ver=${ver%_*}
+  fi
   kdir="$cache/$kver-${ver:-unknown}"
   if [ ! -f "$kdir/boot/vmlinuz-$kver" ]; then
-    log "fetching $pkg $ver"
+    log "fetching $kver $ver"
     mkdir -p "$work/deb" "$kdir"
-    (cd "$work/deb" && apt-get download "$pkg" >/dev/null)
-    dpkg-deb -x "$work/deb/${pkg}"_*.deb "$kdir"
+    if [ "$mode" = run ]; then
+      (cd "$work/deb" && apt-get download "$pkg" >/dev/null)
+    else
+      curl -fsSL --retry 3 -o "$work/deb/$deb" "$url"
+      echo "$sha  $work/deb/$deb" | sha256sum -c --quiet - || { log "$deb: hash differs from the pinned one"; exit 2; }
+    fi
+    dpkg-deb -x "$work/deb/"linux-image-*.deb "$kdir"
+    rm -f "$work/deb/"*.deb
   fi
   ird="$work/initramfs-$kver"
-  mkdir -p "$ird"/{bin,proc,sys,dev,tmp,tests}
-  cp "$busybox" "$ird/bin/busybox"
-  for a in $("$busybox" --list); do [ "$a" = busybox ] || ln -sf busybox "$ird/bin/$a"; done
-  cp "$work/init" "$ird/init"; chmod +x "$ird/init"
-  for b in "${bins[@]}"; do cp "$work/$b.test" "$ird/tests/"; done
+  rm -rf "$ird" && cp -a "$root" "$ird"
+  kbins=("${bins[@]}")
+  if [ "$mode" = refuse ]; then
+    # Only the refusal: the other tests need what this kernel lacks.
+    find "$ird/tests" -type f ! -name kerneltest.test -delete
+    echo "-test.run=^TestKernelRequirements\$" > "$ird/tests/kerneltest.args"
+    kbins=(kerneltest)
+  fi
+  guest_modules "$kdir" "$kver" "$ird"
   (cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) > "$ird.cpio.gz"
   out="$work/$kver.log"
   log "booting $kver (qemu, emulated)"
   start=$(date +%s)
-  timeout 1500 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
+  timeout 3000 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 3072 -smp 2 \
     -nodefaults -display none -no-reboot -serial "file:$out" -net none \
     -kernel "$kdir/boot/vmlinuz-$kver" -initrd "$ird.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet" >/dev/null 2>&1 || true
+    -append "console=ttyS0 panic=-1 quiet mitigations=off" >/dev/null 2>&1 || true
   secs=$(( $(date +%s) - start ))
   sed -n '/^SLK\|^=== RUN\|^--- \|^    \|^ok\|^FAIL\|^PASS/p' "$out" | tr -d '\r' | sed "s/^/[$kver] /" >&2
   status=$(tr -d '\r' < "$out" | awk '/^SLK exit/ {print $3}' | tail -1)
+  # The requirement check must agree with the matrix: run kernels meet
+  # them, the refused one is refused by name.
+  want=$([ "$mode" = run ] && echo "SLKR meets" || echo "SLKR refused")
+  if ! tr -d '\r' < "$out" | grep -q "$want"; then
+    log "$kver: the requirement check did not say \"$want\""
+    status=1
+  fi
   [ "$status" = 0 ] || overall=1
-  for b in "${bins[@]}"; do
+  for b in "${kbins[@]}"; do
     r=$(tr -d '\r' < "$out" | awk -v b="$b" '$1=="SLK" && $2=="end" && $3==b {print $4}' | tail -1)
     passed=$(tr -d '\r' < "$out" | awk -v b="$b" '$1=="SLK"&&$2=="begin"{on=($3==b)} on && /^--- PASS/ {n++} END {print n+0}')
     failed=$(tr -d '\r' < "$out" | awk -v b="$b" '$1=="SLK"&&$2=="begin"{on=($3==b)} on && /^--- FAIL/ {print $3}' | tr '\n' ' ' || true)
-    features=$(tr -d '\r' < "$out" | grep -o 'SLKF .*' | head -1 | sed 's/^SLKF //' || true)
-    printf '%s\t%s\t%s\t%s\t%s\t%ss\t%s\n' "$kver" "$ver" "$b" "${r:-none}" "$passed" "$secs" "${failed:-}" >> "$results"
-    [ -z "$features" ] || printf '%s\tfeatures\t%s\n' "$kver" "$features" >> "$results"
+    [ "$status" = 0 ] || [ -n "$failed" ] || failed="(the requirement check)"
+    label=$b; [ "$mode" = run ] || label="$b (refusal only)"
+    printf '%s\t%s\t%s\t%s\t%s\t%ss\t%s\n' "$kver" "$ver" "$label" "${r:-none}" "$passed" "$secs" "${failed:-}" >> "$results"
   done
+  features=$(tr -d '\r' < "$out" | grep -o 'SLKF .*' | head -1 | sed 's/^SLKF //' || true)
+  [ -z "$features" ] || printf '%s\tfeatures\t%s\n' "$kver" "$features" >> "$results"
+  refusal=$(tr -d '\r' < "$out" | grep -o 'SLKR refused .*' | head -1 | sed 's/^SLKR refused //' || true)
+  [ -z "$refusal" ] || printf '%s\tfeatures\trefused: %s\n' "$kver" "$refusal" >> "$results"
 done
 log "results (kernel, package version, tests, exit, passed, wall, failed):"
 sort -u "$results" >&2
@@ -114,14 +227,24 @@ if [ -n "$doc" ]; then
     echo
     echo "Generated by \`scripts/kernel-matrix.sh --doc $doc\` on $(date -u +%Y-%m-%d) (do not edit)."
     echo "Each kernel booted in qemu runs the static test binaries of"
-    echo "\`internal/kerneltest\` (datapath load, bypass integrity, blocking fallback,"
-    echo "service load balancing), \`internal/datapath\` (maps, applies, layout,"
-    echo "feature probes) and \`internal/sockbugs\` (the known sockmap bugs, found by"
-    echo "behaviour); the host kernel runs them in the suite."
+    echo "\`internal/kerneltest\` (requirements, datapath load, bypass integrity,"
+    echo "blocking fallback, service load balancing), \`internal/datapath\` (maps,"
+    echo "applies, layout, feature probes), \`internal/sockbugs\` (the known sockmap"
+    echo "bugs, found by behaviour) and the end-to-end tests that prove the datapath"
+    echo "with pods on a bridge and the \`socklane\` command:"
+    echo
+    echo "\`$e2e_run\`"
+    echo
+    echo "(run with \`-integrity.bytes=131072\`: the guest's CPU is emulated). The"
+    echo "other end-to-end tests need programs the guest does not carry (redis,"
+    echo "nginx, containerd, a Kubernetes API server, dnsmasq, tcpdump) or are"
+    echo "benchmarks; the host kernel runs the whole suite. Debian 11's 5.10 lacks"
+    echo "what the datapath's programs use: it must be refused by name, with nothing"
+    echo "pinned or attached (\`TestKernelRequirements\`)."
     echo
     echo "| kernel | package | tests | result | passed | wall |"
     echo "|---|---|---|---|---:|---:|"
-    awk -F'\t' '$2!="features" {printf "| %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, ($4=="0"?"pass":"FAIL " $7), $5, $6}' "$results"
+    awk -F'\t' '$2!="features" {printf "| %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, (($4=="0" && $7=="")?"pass":"FAIL " $7), $5, $6}' "$results"
     echo "| $(uname -r) (host) | | all | suite | | |"
     echo
     echo "What each kernel offered the datapath (probed at load), what was adapted,"

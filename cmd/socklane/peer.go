@@ -33,6 +33,7 @@ func newPeerCmd() *cobra.Command {
 		c.Flags().Uint64Var(&cfg.Seed, "seed", 1, "random seed")
 		c.Flags().IntVar(&conns, "conns", 64, "connections")
 		c.Flags().StringVar(&cfg.IO, "io", "mixed", "socket I/O: epoll, blocking, or mixed (alternating)")
+		c.Flags().BoolVar(&cfg.TrustFIONREAD, "check-fionread", true, "in peek mode, fail a stream whose FIONREAD counts less than MSG_PEEK returned (false on a kernel known to answer 0 for redirected bytes)")
 	}
 	ctx := func() (context.Context, context.CancelFunc) {
 		return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -20,6 +20,8 @@ type statusReport struct {
 	// What the kernel offers the datapath, and what was adapted to it.
 	Kernel  datapath.Features `json:"kernel"`
 	Adapted []string          `json:"adapted"`
+	// Settings that follow from the kernel's bugs, and how to override.
+	Decided []string `json:"decided,omitempty"`
 	// The settings the running datapath was loaded with (nil: they could
 	// not be read, e.g. from a datapath an older socklane loaded).
 	Settings    *datapath.Settings    `json:"settings,omitempty"`
@@ -58,6 +60,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				g.logger(cmd.ErrOrStderr()).Warn("the running datapath's settings cannot be read", "err", err)
 			} else {
 				rep.Settings = &st
+				rep.Decided = dp.Features().Decided(st)
 			}
 			if rep.Attachments, err = dp.Attachments(); err != nil {
 				return err
@@ -119,6 +122,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 				flags := agent.SettingFlags(*rep.Settings)
 				for _, name := range agent.SettingNames() {
 					fmt.Fprintf(w, "setting\t--%s %s\n", name, flags[name])
+				}
+				for _, d := range rep.Decided {
+					fmt.Fprintf(w, "decided\t%s\n", d)
 				}
 			}
 			fmt.Fprintf(w, "bypassed sockets\t%d\n", rep.Sockets)

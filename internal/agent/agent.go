@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
 	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/cri"
@@ -30,10 +28,15 @@ type Config struct {
 	BPFFS   string
 	PinName string
 	// Cgroups to attach to; empty means the cgroup v2 root.
-	Cgroups      []string
+	Cgroups []string
+	// Bypass: "on", "off", or "auto" (default, ""): on unless the
+	// kernel's sockmap has a bug that breaks programs socklane cannot tell
+	// apart (datapath.Config.Bypass).
+	Bypass       string
 	BacklogLimit uint32
 	// BlockingSockets is what happens to connections with an end in
-	// blocking mode: "tcp" (default) or "bypass".
+	// blocking mode: "tcp", "bypass", or "auto" (default, ""): bypass
+	// unless the kernel's blocking reads break under signals.
 	BlockingSockets string
 	// BriefConnections is what happens to connections to a destination
 	// whose recent connections were brief: "tcp" (default) or "bypass".
@@ -79,10 +82,11 @@ type Config struct {
 
 // Validate checks the settings that do not need the kernel.
 func (c Config) Validate() error {
-	switch c.BlockingSockets {
-	case "", "tcp", "bypass":
-	default:
-		return fmt.Errorf("--blocking-sockets %q: want tcp or bypass", c.BlockingSockets)
+	if _, ok := modes(c.Bypass, "on", "off"); !ok {
+		return fmt.Errorf("--bypass %q: want auto, on or off", c.Bypass)
+	}
+	if _, ok := modes(c.BlockingSockets, "bypass", "tcp"); !ok {
+		return fmt.Errorf("--blocking-sockets %q: want auto, tcp or bypass", c.BlockingSockets)
 	}
 	switch c.BriefConnections {
 	case "", "tcp", "bypass":
@@ -126,35 +130,10 @@ func RequireRoot() error {
 	return nil
 }
 
-// Probe checks every kernel feature the datapath needs and names the first
-// one missing.
-func Probe() error {
-	checks := []struct {
-		what string
-		fn   func() error
-	}{
-		{"BPF program type sock_ops", func() error { return features.HaveProgramType(ebpf.SockOps) }},
-		{"BPF program type sk_msg", func() error { return features.HaveProgramType(ebpf.SkMsg) }},
-		{"BPF map type sockhash", func() error { return features.HaveMapType(ebpf.SockHash) }},
-		{"BPF map type sk_storage", func() error { return features.HaveMapType(ebpf.SkStorage) }},
-		{"BPF map type queue", func() error { return features.HaveMapType(ebpf.Queue) }},
-		{"helper bpf_get_netns_cookie in sock_ops (Linux 5.15+)", func() error {
-			return features.HaveProgramHelper(ebpf.SockOps, asm.FnGetNetnsCookie)
-		}},
-		{"helper bpf_sk_storage_get in sk_msg", func() error {
-			return features.HaveProgramHelper(ebpf.SkMsg, asm.FnSkStorageGet)
-		}},
-	}
-	for _, c := range checks {
-		if err := c.fn(); err != nil {
-			if errors.Is(err, ebpf.ErrNotSupported) {
-				return fmt.Errorf("kernel lacks %s: socklane needs Linux 6.1 or later with BPF sockmap support (CONFIG_BPF_STREAM_PARSER, CONFIG_CGROUP_BPF)", c.what)
-			}
-			return fmt.Errorf("probing %s: %w", c.what, err)
-		}
-	}
-	return nil
-}
+// Probe checks every kernel feature the datapath's programs use (read from
+// the embedded objects) and names all that are missing, with the first
+// Linux release that has them.
+func Probe() error { return datapath.CheckKernel() }
 
 // Target is a cgroup to attach to, resolved and checked.
 type Target struct {
@@ -209,11 +188,16 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkAdopted(dp, dpCfg.Settings(), cfg.SettingsGiven); err != nil {
+	if err := checkAdopted(dp, dpCfg.Settings(dp.Features()), cfg.SettingsGiven); err != nil {
 		dp.Close()
 		return nil, err
 	}
 	log.Info("datapath ready", "pin_dir", dp.PinDir(), "adopted", dp.Adopted())
+	if st, err := dp.Settings(); err == nil {
+		for _, d := range dp.Features().Decided(st) {
+			log.Warn("kernel bug decides a setting", "decided", d)
+		}
+	}
 	for _, t := range targets {
 		a, err := dp.Attach(t.Path, t.ID)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 
 // The settings' flag names.
 const (
+	SettingBypass           = "bypass"
 	SettingBacklogLimit     = "backlog-limit"
 	SettingBlockingSockets  = "blocking-sockets"
 	SettingBriefConnections = "brief-connections"
@@ -17,13 +18,29 @@ const (
 
 // SettingNames lists the settings' flag names.
 func SettingNames() []string {
-	return []string{SettingBacklogLimit, SettingBlockingSockets, SettingBriefConnections, SettingVerdictWindow}
+	return []string{SettingBypass, SettingBacklogLimit, SettingBlockingSockets, SettingBriefConnections, SettingVerdictWindow}
 }
 
 // datapathConfig is the datapath a new load of c would get.
 func (c Config) datapathConfig() datapath.Config {
-	return datapath.Config{PinDir: c.PinDir(), BacklogLimit: c.BacklogLimit, BypassBlocking: c.BlockingSockets == "bypass",
+	bypass, _ := modes(c.Bypass, "on", "off")
+	blocking, _ := modes(c.BlockingSockets, "bypass", "tcp")
+	return datapath.Config{PinDir: c.PinDir(), Bypass: bypass, BacklogLimit: c.BacklogLimit, BypassBlocking: blocking,
 		BypassBrief: c.BriefConnections == "bypass", VerdictWindow: c.VerdictWindow}
+}
+
+// modes reads a mode flag's value: "" and "auto" leave it to the kernel's
+// bugs, on and off name the two others.
+func modes(v, on, off string) (datapath.Mode, bool) {
+	switch v {
+	case "", "auto":
+		return datapath.ModeAuto, true
+	case on:
+		return datapath.ModeOn, true
+	case off:
+		return datapath.ModeOff, true
+	}
+	return datapath.ModeAuto, false
 }
 
 // SettingFlags renders each setting as the flag value that asks for it.
@@ -34,7 +51,12 @@ func SettingFlags(s datapath.Settings) map[string]string {
 		}
 		return "tcp"
 	}
+	onOff := "off"
+	if s.Bypass {
+		onOff = "on"
+	}
 	return map[string]string{
+		SettingBypass:           onOff,
 		SettingBacklogLimit:     strconv.FormatUint(uint64(s.BacklogLimit), 10),
 		SettingBlockingSockets:  mode(s.BypassBlocking),
 		SettingBriefConnections: mode(s.BypassBrief),

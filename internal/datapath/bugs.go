@@ -22,25 +22,43 @@ func bugBit(name string) bypassSlKernelBug {
 	return 0
 }
 
-// detectBugs probes the kernel's sockmap bugs (when the datapath is
-// created) and records them in sl_kernel. A probe that cannot run records
-// nothing and is reported.
-func (d *Datapath) detectBugs() {
-	r, err := sockbugs.Detect()
+// setBugs keeps the sockmap bugs detected (when a datapath is created),
+// or why none could be.
+func (f *Features) setBugs(r sockbugs.Report, err error) {
 	if err != nil {
-		d.features.BugsError = err.Error()
+		f.BugsError = err.Error()
+		return
+	}
+	for _, b := range r.Bugs {
+		if b.Present {
+			f.Bugs = append(f.Bugs, b)
+		}
+	}
+}
+
+// recordBugs records the bugs found in sl_kernel, for those that adopt the
+// datapath later.
+func (d *Datapath) recordBugs() {
+	if d.features.BugsError != "" {
 		return
 	}
 	var bits bypassSlKernelBug
-	for _, b := range r.Bugs {
-		if b.Present {
-			bits |= bugBit(b.Name)
-			d.features.Bugs = append(d.features.Bugs, b)
-		}
+	for _, b := range d.features.Bugs {
+		bits |= bugBit(b.Name)
 	}
 	if err := d.objs.SlKernel.Update(uint32(0), bits, ebpf.UpdateAny); err != nil {
 		d.features.BugsError = fmt.Sprintf("recording the kernel's bugs: %v", err)
 	}
+}
+
+// Has reports whether the named sockmap bug was found on this kernel.
+func (f Features) Has(bug string) bool {
+	for _, b := range f.Bugs {
+		if b.Name == bug {
+			return true
+		}
+	}
+	return false
 }
 
 // readBugs reads what the datapath's creator detected.
@@ -55,4 +73,21 @@ func (d *Datapath) readBugs() {
 			d.features.Bugs = append(d.features.Bugs, sockbugs.Describe(name))
 		}
 	}
+}
+
+// Decided says which of s follow from the bugs found here: what --bypass
+// auto and --blocking-sockets auto chose (or would have), and how to ask
+// otherwise.
+func (f Features) Decided(s Settings) []string {
+	var out []string
+	if !s.Bypass && f.Has(sockbugs.FIONREAD) {
+		out = append(out, "bypass off: this kernel's FIONREAD answers 0 for redirected bytes (fionread_zero), which hangs programs that size their reads by it (nginx); --bypass on bypasses anyway, on a kernel with "+sockbugs.Describe(sockbugs.FIONREAD).Fix+" it is on")
+	}
+	if !s.Bypass && !f.PsockMsgTotLen {
+		out = append(out, "bypass off: this kernel's sk_psock does not count queued bytes, so a slower reader gets no backpressure (its sender's writes fail with ENOMEM once TCP memory is under pressure); --bypass on bypasses anyway")
+	}
+	if !s.BypassBlocking && f.Has(sockbugs.BlockingEAGAIN) {
+		out = append(out, "connections with a blocking reader stay on TCP: this kernel answers a blocking read interrupted by a signal with EAGAIN (blocking_read_eagain); --blocking-sockets bypass bypasses them anyway")
+	}
+	return out
 }

@@ -52,6 +52,13 @@ const struct sl_enums *sl_enums_unused __attribute__((unused));
  * the verifier never sees). */
 const volatile __u32 listener_kptr = 1;
 
+/* 1: connections between managed sockets are bypassed. 0: every one stays
+ * on TCP (no socket enters the map, no sk_msg verdict runs): the loader's
+ * choice on a kernel whose sockmap has a bug that breaks programs socklane
+ * cannot tell apart (FIONREAD answering 0 for redirected bytes), unless
+ * asked otherwise. */
+const volatile __u32 bypass = 1;
+
 /* Receiver backlog (bytes queued in the peer's socket) above which a
  * direction moves to TCP, whose window then pushes back on the sender.
  * 0 disables the check. Set by the loader from net.ipv4.tcp_rmem[2]. */
@@ -593,6 +600,11 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 SEC("sockops")
 int sl_sockops(struct bpf_sock_ops *skops)
 {
+	if (!bypass) {
+		if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB)
+			count(SL_C_FALLBACK_BYPASS_OFF, 1);
+		return 1;
+	}
 	switch (skops->op) {
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		on_active(skops);

@@ -105,12 +105,13 @@ const (
 	bypassSlCounterSL_C_FALLBACK_QUOTA          bypassSlCounter = 27
 	bypassSlCounterSL_C_FALLBACK_NO_LISTENER    bypassSlCounter = 28
 	bypassSlCounterSL_C_LISTENER_QUOTA          bypassSlCounter = 29
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 30
+	bypassSlCounterSL_C_FALLBACK_BYPASS_OFF     bypassSlCounter = 30
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 31
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [30]uint64
+	C [31]uint64
 }
 
 type bypassSlDest struct {
@@ -180,7 +181,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 6
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 7
 )
 
 type bypassSlListener struct {
@@ -304,6 +305,7 @@ const (
 	bypassVarBacklogLimit    = "backlog_limit"
 	bypassVarBlockingTcp     = "blocking_tcp"
 	bypassVarBriefLearn      = "brief_learn"
+	bypassVarBypass          = "bypass"
 	bypassVarListenerKptr    = "listener_kptr"
 	bypassVarSlEnumsUnused   = "sl_enums_unused"
 	bypassVarVerdictWindow   = "verdict_window"
@@ -388,6 +390,7 @@ type bypassVariableSpecs struct {
 	BacklogLimit  *ebpf.VariableSpec `ebpf:"backlog_limit"`
 	BlockingTcp   *ebpf.VariableSpec `ebpf:"blocking_tcp"`
 	BriefLearn    *ebpf.VariableSpec `ebpf:"brief_learn"`
+	Bypass        *ebpf.VariableSpec `ebpf:"bypass"`
 	ListenerKptr  *ebpf.VariableSpec `ebpf:"listener_kptr"`
 	SlEnumsUnused *ebpf.VariableSpec `ebpf:"sl_enums_unused"`
 	VerdictWindow *ebpf.VariableSpec `ebpf:"verdict_window"`
@@ -461,6 +464,7 @@ type bypassVariables struct {
 	BacklogLimit  *ebpf.Variable `ebpf:"backlog_limit"`
 	BlockingTcp   *ebpf.Variable `ebpf:"blocking_tcp"`
 	BriefLearn    *ebpf.Variable `ebpf:"brief_learn"`
+	Bypass        *ebpf.Variable `ebpf:"bypass"`
 	ListenerKptr  *ebpf.Variable `ebpf:"listener_kptr"`
 	SlEnumsUnused *ebpf.Variable `ebpf:"sl_enums_unused"`
 	VerdictWindow *ebpf.Variable `ebpf:"verdict_window"`

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/socklane/socklane/internal/sockbugs"
 )
 
 // Names of the pinned programs; maps are pinned under their own names.
@@ -33,10 +34,16 @@ type Config struct {
 	// BacklogLimit is the receiver backlog in bytes above which a
 	// direction moves to TCP. 0 picks net.ipv4.tcp_rmem's maximum.
 	BacklogLimit uint32
+	// Bypass: connections between managed sockets are bypassed. Auto (the
+	// default): unless the kernel's FIONREAD answers 0 for redirected
+	// bytes (sockbugs.FIONREAD), which hangs programs that size their
+	// reads by it (nginx) and which socklane cannot tell apart.
+	Bypass Mode
 	// BypassBlocking bypasses connections whose ends read in blocking mode.
-	// Off by default: the kernel's sockmap receive path turns a blocking
-	// read interrupted by a signal into EAGAIN, which plain TCP never does.
-	BypassBlocking bool
+	// Auto (the default): unless the kernel's sockmap receive path turns a
+	// blocking read interrupted by a signal into EAGAIN, which plain TCP
+	// never does (sockbugs.BlockingEAGAIN).
+	BypassBlocking Mode
 	// BypassBrief bypasses every connection. Off by default: connections
 	// to a destination whose recent connections from the same network
 	// namespace were brief (one send each way, then close) stay on TCP,
@@ -88,6 +95,14 @@ func Open(cfg Config) (*Datapath, error) {
 	if cfg.PinDir == "" {
 		return nil, errors.New("datapath: empty pin directory")
 	}
+	// A kernel that lacks what the programs use is refused by name before
+	// anything is created.
+	open := create
+	if Pinned(cfg.PinDir) {
+		open = adopt
+	} else if err := CheckKernel(); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating pin directory: %w", err)
 	}
@@ -99,10 +114,6 @@ func Open(cfg Config) (*Datapath, error) {
 	f, err := ProbeFeatures()
 	if err != nil {
 		return nil, err
-	}
-	open := create
-	if Pinned(cfg.PinDir) {
-		open = adopt
 	}
 	d, err := open(cfg, f)
 	if err != nil {
@@ -119,7 +130,7 @@ func Open(cfg Config) (*Datapath, error) {
 	return d, nil
 }
 
-func loadSpec(cfg Config, f *Features) (*ebpf.CollectionSpec, error) {
+func loadSpec(cfg Config, f *Features, settings Settings) (*ebpf.CollectionSpec, error) {
 	spec, err := loadBypass()
 	if err != nil {
 		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
@@ -135,14 +146,17 @@ func loadSpec(cfg Config, f *Features) (*ebpf.CollectionSpec, error) {
 	if cfg.VerdictWindow > MaxVerdictWindow {
 		return nil, fmt.Errorf("verdict window %d bytes is over the maximum of %d", cfg.VerdictWindow, MaxVerdictWindow)
 	}
-	if err := cfg.Settings().set(spec); err != nil {
+	if err := settings.set(spec); err != nil {
 		return nil, err
 	}
 	return spec, nil
 }
 
 func create(cfg Config, f Features) (*Datapath, error) {
-	spec, err := loadSpec(cfg, &f)
+	// The sockmap bugs decide the settings left to the kernel: found
+	// first, in a network namespace of their own, recorded once loaded.
+	f.setBugs(sockbugs.Detect())
+	spec, err := loadSpec(cfg, &f, cfg.Settings(f))
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +182,7 @@ func create(cfg Config, f Features) (*Datapath, error) {
 	if err := d.recordLayout(); err != nil {
 		return nil, err
 	}
-	d.detectBugs()
+	d.recordBugs()
 	if err := d.fillFreeSlots(); err != nil {
 		return nil, err
 	}
@@ -206,7 +220,9 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 	if err := checkLayout(cfg.PinDir); err != nil {
 		return nil, err
 	}
-	spec, err := loadSpec(cfg, &f)
+	// Only the pinned maps are taken from the spec: the programs, and
+	// the settings they were loaded with, are the running ones.
+	spec, err := loadSpec(cfg, &f, cfg.Settings(f))
 	if err != nil {
 		return nil, err
 	}

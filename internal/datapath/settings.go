@@ -6,11 +6,15 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/sockbugs"
 )
 
 // Settings are a datapath's load-time settings: the const volatile
 // globals of bypass.c, fixed when its programs load.
 type Settings struct {
+	// Bypass: connections between managed sockets are bypassed (else
+	// all stay on TCP).
+	Bypass bool `json:"bypass"`
 	// BacklogLimit in bytes (Config.BacklogLimit, 0 resolved).
 	BacklogLimit   uint32 `json:"backlog_limit"`
 	VerdictWindow  uint32 `json:"verdict_window"`
@@ -18,9 +22,40 @@ type Settings struct {
 	BypassBrief    bool   `json:"bypass_brief"`
 }
 
-// Settings returns what a datapath loaded with cfg gets.
-func (cfg Config) Settings() Settings {
-	s := Settings{BacklogLimit: cfg.BacklogLimit, VerdictWindow: cfg.VerdictWindow, BypassBlocking: cfg.BypassBlocking, BypassBrief: cfg.BypassBrief}
+// Mode is a setting that is on, off, or decided by what the kernel's
+// sockmap gets wrong (ModeAuto, the zero value).
+type Mode uint8
+
+const (
+	ModeAuto Mode = iota
+	ModeOn
+	ModeOff
+)
+
+// resolve is m, or for ModeAuto whether the kernel is fit. A kernel
+// whose bugs could not be probed counts as having them.
+func (m Mode) resolve(f Features, fit bool) bool {
+	switch m {
+	case ModeOn:
+		return true
+	case ModeOff:
+		return false
+	}
+	return f.BugsError == "" && fit
+}
+
+// Settings returns what a datapath loaded with cfg gets on a kernel with
+// features f (and the sockmap bugs found there). Bypass auto needs
+// FIONREAD to count redirected bytes and sk_psock to count queued ones
+// (the backlog rule, the bypass's only backpressure).
+func (cfg Config) Settings(f Features) Settings {
+	s := Settings{
+		Bypass:         cfg.Bypass.resolve(f, !f.Has(sockbugs.FIONREAD) && f.PsockMsgTotLen),
+		BacklogLimit:   cfg.BacklogLimit,
+		VerdictWindow:  cfg.VerdictWindow,
+		BypassBlocking: cfg.BypassBlocking.resolve(f, !f.Has(sockbugs.BlockingEAGAIN)),
+		BypassBrief:    cfg.BypassBrief,
+	}
 	if s.BacklogLimit == 0 {
 		s.BacklogLimit = tcpRmemMax()
 	}
@@ -30,15 +65,15 @@ func (cfg Config) Settings() Settings {
 // globals are the settings as bypass.c holds them: blocking_tcp and
 // brief_learn are the negations of the bypass modes.
 type globals struct {
-	backlogLimit, verdictWindow, blockingTCP, briefLearn uint32
+	bypass, backlogLimit, verdictWindow, blockingTCP, briefLearn uint32
 }
 
 func (s Settings) globals() globals {
-	return globals{s.BacklogLimit, s.VerdictWindow, boolWord(!s.BypassBlocking), boolWord(!s.BypassBrief)}
+	return globals{boolWord(s.Bypass), s.BacklogLimit, s.VerdictWindow, boolWord(!s.BypassBlocking), boolWord(!s.BypassBrief)}
 }
 
 func (g globals) settings() Settings {
-	return Settings{BacklogLimit: g.backlogLimit, VerdictWindow: g.verdictWindow, BypassBlocking: g.blockingTCP == 0, BypassBrief: g.briefLearn == 0}
+	return Settings{Bypass: g.bypass != 0, BacklogLimit: g.backlogLimit, VerdictWindow: g.verdictWindow, BypassBlocking: g.blockingTCP == 0, BypassBrief: g.briefLearn == 0}
 }
 
 // fields pairs each global's variable spec with its value in g.
@@ -50,6 +85,7 @@ func (g *globals) fields(vs *bypassVariableSpecs) []struct {
 		spec *ebpf.VariableSpec
 		v    *uint32
 	}{
+		{vs.Bypass, &g.bypass},
 		{vs.BacklogLimit, &g.backlogLimit},
 		{vs.VerdictWindow, &g.verdictWindow},
 		{vs.BlockingTcp, &g.blockingTCP},

@@ -42,6 +42,7 @@ enum sl_counter {
 	SL_C_FALLBACK_QUOTA,          /* connections left on TCP: their client's owner holds its quota of slots */
 	SL_C_FALLBACK_NO_LISTENER,    /* connections left on TCP: their listener's read mode is not known yet */
 	SL_C_LISTENER_QUOTA,          /* listeners not learned: their owner holds its quota of entries */
+	SL_C_FALLBACK_BYPASS_OFF,     /* connections left on TCP: the datapath was loaded with the bypass off */
 	SL_C_MAX,
 };
 
@@ -51,7 +52,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 6,
+	SL_LAYOUT_VERSION = 7,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

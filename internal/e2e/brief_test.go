@@ -43,7 +43,7 @@ func TestBriefConnections(t *testing.T) {
 		t.Run(setting, func(t *testing.T) {
 			b := testutil.Bed(t)
 			in := testutil.NewInstance(t)
-			in.Settings = []string{"--brief-connections", setting}
+			in.Settings = append(in.Settings, "--brief-connections", setting)
 			srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			in.Attach(srv, cli)
 			listen := "0.0.0.0:" + strconv.Itoa(briefPort)
@@ -59,7 +59,13 @@ func TestBriefConnections(t *testing.T) {
 			d := testutil.Delta(before, in.Counters())
 			mustEqual(t, d, "established_active", conns)
 			if setting == "bypass" {
-				mustEqual(t, d, "conns_bypassed", conns)
+				// A client whose first send beats its server's
+				// accept stays on TCP (peer_not_ready): rare, more so
+				// than one in 40 only on a slow (emulated) CPU.
+				if nr := d["fallback_peer_not_ready"]; d["conns_bypassed"]+nr != conns || nr > conns/40 {
+					t.Errorf("%d connections bypassed, %d left on TCP before their server joined; want %d in all, at most %d left (%s)",
+						d["conns_bypassed"], nr, conns, conns/40, nonzero(d))
+				}
 				mustEqual(t, d, "fallback_brief", 0)
 				if bd := briefDests(t, in); len(bd) != 0 {
 					t.Fatalf("brief destinations learned with --brief-connections bypass: %+v", bd)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,7 +80,7 @@ func TestAgentRestartAndDown(t *testing.T) {
 	in := testutil.NewInstance(t)
 	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 	agentCmd := func() *exec.Cmd {
-		c := exec.Command(in.Bin, "--name", in.Name, "agent", "--cgroup", srv.Cgroup, "--cgroup", cli.Cgroup)
+		c := exec.Command(in.Bin, append([]string{"--name", in.Name, "agent", "--cgroup", srv.Cgroup, "--cgroup", cli.Cgroup}, in.Settings...)...)
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -87,9 +88,19 @@ func TestAgentRestartAndDown(t *testing.T) {
 	}
 	a := agentCmd()
 	waitFor(t, func() bool { _, err := in.Run("status"); return err == nil })
-	server := start(t, srv, in.Bin, "peer", "integrity-server", "0.0.0.0:9000", "--conns", "8", "--io", "epoll", "--bytes", "20000000", "--max-msg", "65536")
+	check := "--check-fionread=" + strconv.FormatBool(!fionreadBypassed(t, in))
+	// Where sk_psock does not count queued bytes (6.1), a reader slower
+	// than its sender gets no backpressure: redirected bytes pile up until
+	// TCP memory is under pressure and writes fail with ENOMEM (why
+	// --bypass auto is off there). Smaller streams keep this test about
+	// restart and down.
+	size, slow := "20000000", "5000000"
+	if !readStatus(t, in).Kernel.PsockMsgTotLen {
+		size, slow = "2000000", "500000"
+	}
+	server := start(t, srv, in.Bin, "peer", "integrity-server", "0.0.0.0:9000", "--conns", "8", "--io", "epoll", "--bytes", size, "--max-msg", "65536", check)
 	waitPort(t, srv, "0.0.0.0:9000")
-	client := start(t, cli, in.Bin, "peer", "integrity-client", srv.IPv4.String()+":9000", "--conns", "8", "--io", "epoll", "--bytes", "20000000", "--max-msg", "65536", "--slow-bytes", "5000000")
+	client := start(t, cli, in.Bin, "peer", "integrity-client", srv.IPv4.String()+":9000", "--conns", "8", "--io", "epoll", "--bytes", size, "--max-msg", "65536", "--slow-bytes", slow, check)
 	time.Sleep(300 * time.Millisecond)
 	_ = a.Process.Kill() // SIGKILL mid-transfer
 	_ = a.Wait()

@@ -88,6 +88,7 @@ var bypassCounters = map[string]counterRef{
 	"fallback_quota":          {famFallbacks, "quota"},
 	"fallback_no_listener":    {famFallbacks, "no_listener"},
 	"listener_quota":          {famQuota, "listeners"},
+	"fallback_bypass_off":     {famFallbacks, "bypass_off"},
 	"evictions":               {famEvictions, ""},
 	"closed":                  {famClosed, ""},
 	"err_sockhash":            {famDPErrors, "sockhash"},

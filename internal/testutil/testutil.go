@@ -93,10 +93,19 @@ var (
 	buildErr  error
 )
 
-// Binary builds the socklane command once per test process.
+// Binary builds the socklane command once per test process, or returns
+// the prebuilt static one named by SOCKLANE_TEST_BINARY (the kernel matrix's
+// guests have no Go toolchain).
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if p := os.Getenv("SOCKLANE_TEST_BINARY"); p != "" {
+			binPath = p
+			if _, err := os.Stat(p); err != nil {
+				buildErr = fmt.Errorf("SOCKLANE_TEST_BINARY: %w", err)
+			}
+			return
+		}
 		dir, err := os.MkdirTemp("", "socklane-test-bin")
 		if err != nil {
 			buildErr = err
@@ -150,7 +159,9 @@ type Instance struct {
 	Bin  string
 	Name string
 	// Settings are datapath flags (--backlog-limit, --blocking-sockets)
-	// passed to the attach that loads the datapath.
+	// passed to the attach that loads the datapath. They start with
+	// --bypass on: the tests prove the bypass on every kernel, also where
+	// auto leaves it off (TestBypassAuto proves that default).
 	Settings []string
 }
 
@@ -159,7 +170,7 @@ func NewInstance(t testing.TB) *Instance {
 	t.Helper()
 	RequireRoot(t)
 	name := fmt.Sprintf("sltest-%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
-	in := &Instance{t: t, Bin: Binary(t), Name: name}
+	in := &Instance{t: t, Bin: Binary(t), Name: name, Settings: []string{"--bypass", "on"}}
 	t.Cleanup(func() {
 		out, err := in.Run("down", "--force", "--ignore-not-found")
 		if err != nil {
