@@ -18,6 +18,10 @@ func bugBit(name string) bypassSlKernelBug {
 		return bypassSlKernelBugSL_BUG_SPLICE_BLIND
 	case sockbugs.BlockingEAGAIN:
 		return bypassSlKernelBugSL_BUG_BLOCKING_READ_EAGAIN
+	case sockbugs.EpollWakeup:
+		return bypassSlKernelBugSL_BUG_EPOLL_NO_WAKEUP
+	case sockbugs.FINLost:
+		return bypassSlKernelBugSL_BUG_FIN_LOST
 	}
 	return 0
 }
@@ -80,6 +84,11 @@ func (d *Datapath) readBugs() {
 // otherwise.
 func (f Features) Decided(s Settings) []string {
 	var out []string
+	for _, b := range []string{sockbugs.EpollWakeup, sockbugs.FINLost} {
+		if !s.Bypass && f.Has(b) {
+			out = append(out, "bypass off: "+b+" found ("+sockbugs.Describe(b).Effect+"); --bypass on bypasses anyway")
+		}
+	}
 	if !s.Bypass && f.Has(sockbugs.FIONREAD) {
 		out = append(out, "bypass off: this kernel's FIONREAD answers 0 for redirected bytes (fionread_zero), which hangs programs that size their reads by it (nginx); --bypass on bypasses anyway, on a kernel with "+sockbugs.Describe(sockbugs.FIONREAD).Fix+" it is on")
 	}

@@ -176,12 +176,14 @@ const (
 	bypassSlKernelBugSL_BUG_MSG_PEEK             bypassSlKernelBug = 2
 	bypassSlKernelBugSL_BUG_SPLICE_BLIND         bypassSlKernelBug = 4
 	bypassSlKernelBugSL_BUG_BLOCKING_READ_EAGAIN bypassSlKernelBug = 8
+	bypassSlKernelBugSL_BUG_EPOLL_NO_WAKEUP      bypassSlKernelBug = 16
+	bypassSlKernelBugSL_BUG_FIN_LOST             bypassSlKernelBug = 32
 )
 
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 7
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 8
 )
 
 type bypassSlListener struct {

@@ -46,11 +46,13 @@ func (m Mode) resolve(f Features, fit bool) bool {
 
 // Settings returns what a datapath loaded with cfg gets on a kernel with
 // features f (and the sockmap bugs found there). Bypass auto needs
-// FIONREAD to count redirected bytes and sk_psock to count queued ones
-// (the backlog rule, the bypass's only backpressure).
+// FIONREAD to count redirected bytes, sk_psock to count queued ones (the
+// backlog rule, the bypass's only backpressure), and epoll wake-ups and
+// FINs that work: the bugs that break programs socklane cannot tell apart.
 func (cfg Config) Settings(f Features) Settings {
 	s := Settings{
-		Bypass:         cfg.Bypass.resolve(f, !f.Has(sockbugs.FIONREAD) && f.PsockMsgTotLen),
+		Bypass: cfg.Bypass.resolve(f, f.PsockMsgTotLen && !f.Has(sockbugs.FIONREAD) &&
+			!f.Has(sockbugs.EpollWakeup) && !f.Has(sockbugs.FINLost)),
 		BacklogLimit:   cfg.BacklogLimit,
 		VerdictWindow:  cfg.VerdictWindow,
 		BypassBlocking: cfg.BypassBlocking.resolve(f, !f.Has(sockbugs.BlockingEAGAIN)),

@@ -52,7 +52,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 7,
+	SL_LAYOUT_VERSION = 8,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -62,6 +62,8 @@ enum sl_kernel_bug {
 	SL_BUG_MSG_PEEK = 1 << 1,
 	SL_BUG_SPLICE_BLIND = 1 << 2,
 	SL_BUG_BLOCKING_READ_EAGAIN = 1 << 3,
+	SL_BUG_EPOLL_NO_WAKEUP = 1 << 4,
+	SL_BUG_FIN_LOST = 1 << 5,
 };
 
 /* Connection state, packed with generation and membership in one 64-bit word

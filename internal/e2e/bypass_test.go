@@ -124,7 +124,14 @@ func TestBlockingIO(t *testing.T) {
 			integritySides(t, in, srv, cli, "0.0.0.0:9000", netip.AddrPortFrom(srv.IPv4, 9000).String(), 32,
 				[]string{"--io", tt.server}, []string{"--io", tt.client})
 			d := testutil.Delta(before, in.Counters())
-			mustAtLeast(t, d, "fallback_blocking", tt.minBlocking)
+			// A client whose first send beats its server's accept is
+			// kept on TCP before its ends' modes are looked at
+			// (peer_not_ready): rare, more so than one in 16 only on a
+			// slow (emulated) CPU.
+			if nr := d["fallback_peer_not_ready"]; d["fallback_blocking"]+nr < tt.minBlocking || nr > tt.minBlocking/16 {
+				t.Errorf("%d connections kept on TCP for a blocking end and %d before their server joined; want %d in all, at most %d of the second (%s)",
+					d["fallback_blocking"], nr, tt.minBlocking, tt.minBlocking/16, nonzero(d))
+			}
 			mustAtLeast(t, d, "conns_bypassed", tt.minBypassed)
 			if tt.minBypassed == 0 {
 				mustEqual(t, d, "redirect_msgs", 0)

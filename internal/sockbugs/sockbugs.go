@@ -51,6 +51,8 @@ const (
 	Peek            = "msg_peek"
 	Splice          = "splice_blind"
 	BlockingEAGAIN  = "blocking_read_eagain"
+	EpollWakeup     = "epoll_no_wakeup"
+	FINLost         = "fin_lost"
 	probeMessage    = "socklane-probe"
 	probeSignalWait = 200 * time.Millisecond
 )
@@ -68,6 +70,12 @@ func Describe(name string) Bug {
 	case Splice:
 		b.Effect = "splice(2) from the receiver never sees redirected bytes (Go's io.Copy between TCP connections, proxies): such a connection stalls"
 		b.Fix = "tcp_bpf: splice_read for sockmap sockets (proposed upstream, not merged)"
+	case EpollWakeup:
+		b.Effect = "epoll is not woken for bytes redirected into a socket it waits on: event-driven servers stall until something else wakes them"
+		b.Fix = "the 6.4 sockmap wake-up fixes (e5c6de5fa025, 6df7f764cd3c, ea444185a6bf)"
+	case FINLost:
+		b.Effect = "a FIN that follows redirected bytes is not seen: the reader waits instead of reading end of file"
+		b.Fix = "901546fd8f9c (bpf, sockmap: handle FIN, 6.4)"
 	case BlockingEAGAIN:
 		b.Effect = "a blocking read on a bypassed socket interrupted by a signal returns EAGAIN, which plain TCP never does (Go's runtime signals its threads): socklane keeps blocking sockets on TCP"
 		b.Fix = "none merged"
@@ -76,11 +84,17 @@ func Describe(name string) Bug {
 }
 
 // Names lists every bug probed, in report order.
-func Names() []string { return []string{FIONREAD, Peek, Splice, BlockingEAGAIN} }
+func Names() []string {
+	return []string{FIONREAD, Peek, Splice, BlockingEAGAIN, EpollWakeup, FINLost}
+}
 
 // Detect runs every probe in a private network namespace, on a thread of
 // its own; the caller's namespace never changes.
-func Detect() (Report, error) {
+func Detect() (Report, error) { return detectIn(true) }
+
+// detectIn runs the probes with the bytes redirected through a socket map,
+// or (the probes' negative control) over plain TCP.
+func detectIn(redirect bool) (Report, error) {
 	type result struct {
 		r   Report
 		err error
@@ -94,14 +108,14 @@ func Detect() (Report, error) {
 			ch <- result{err: fmt.Errorf("making a private network namespace: %w", err)}
 			return
 		}
-		r, err := detect()
+		r, err := detect(redirect)
 		ch <- result{r, err}
 	}()
 	res := <-ch
 	return res.r, res.err
 }
 
-func detect() (Report, error) {
+func detect(redirect bool) (Report, error) {
 	if err := loopbackUp(); err != nil {
 		return Report{}, err
 	}
@@ -135,6 +149,27 @@ func detect() (Report, error) {
 			n, err := unix.Splice(p.server, nil, pipe[1], nil, 64, unix.SPLICE_F_NONBLOCK)
 			return n <= 0, fmt.Sprintf("spliced %d bytes (err %v)", n, err), nil
 		}},
+		{EpollWakeup, func(p *pair) (bool, string, error) {
+			buf := make([]byte, 64)
+			if _, err := unix.Read(p.server, buf); err != nil { // the probe message
+				return false, "", err
+			}
+			return p.epollWakeup()
+		}},
+		{FINLost, func(p *pair) (bool, string, error) {
+			if err := unix.Shutdown(p.client, unix.SHUT_WR); err != nil {
+				return false, "", err
+			}
+			buf := make([]byte, 64)
+			n, err := unix.Read(p.server, buf) // the probe message
+			if err != nil {
+				return false, "", err
+			}
+			// Then end of file, at once; a lost FIN leaves the read
+			// waiting until SO_RCVTIMEO.
+			m, err := unix.Read(p.server, buf)
+			return m != 0 || err != nil, fmt.Sprintf("read %d bytes, then %d (err %v) after the peer's FIN", n, m, err), nil
+		}},
 		{BlockingEAGAIN, func(p *pair) (bool, string, error) {
 			buf := make([]byte, 64)
 			if _, err := unix.Read(p.server, buf); err != nil { // the probe message
@@ -144,7 +179,7 @@ func detect() (Report, error) {
 		}},
 	}
 	for _, pr := range probes {
-		p, err := newPair()
+		p, err := newPair(redirect)
 		if err != nil {
 			return r, err
 		}
@@ -192,7 +227,7 @@ type pair struct {
 	prog           *ebpf.Program
 }
 
-func newPair() (*pair, error) {
+func newPair(redirect bool) (*pair, error) {
 	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -228,6 +263,10 @@ func newPair() (*pair, error) {
 	tv := unix.Timeval{Sec: 2}
 	if err := unix.SetsockoptTimeval(p.server, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return nil, err
+	}
+	if !redirect {
+		ok = true
+		return p, nil
 	}
 	if p.m, err = ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.SockHash, KeySize: 4, ValueSize: 8, MaxEntries: 2}); err != nil {
 		return nil, fmt.Errorf("creating a socket map: %w", err)
@@ -308,6 +347,41 @@ func (p *pair) interruptedRead() (bool, string, error) {
 	_, _ = unix.Write(p.client, []byte{0})
 	r := <-done
 	return errors.Is(r.err, unix.EAGAIN), fmt.Sprintf("read kept blocking through a signal, then returned %d, %v", r.n, r.err), nil
+}
+
+// epollWakeup waits in epoll_wait on the (empty) server socket while the
+// client sends, and reports whether the wait timed out.
+func (p *pair) epollWakeup() (bool, string, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return false, "", err
+	}
+	defer unix.Close(ep)
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, p.server, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(p.server)}); err != nil {
+		return false, "", err
+	}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		evs := make([]unix.EpollEvent, 1)
+		for {
+			n, err := unix.EpollWait(ep, evs, int(2*probeSignalWait/time.Millisecond)*5)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			done <- result{n, err}
+			return
+		}
+	}()
+	time.Sleep(probeSignalWait / 4) // waiting by now
+	if _, err := unix.Write(p.client, []byte(probeMessage)); err != nil {
+		return false, "", err
+	}
+	r := <-done
+	return r.n != 1 || r.err != nil, fmt.Sprintf("epoll_wait returned %d (err %v) for bytes redirected while it waited", r.n, r.err), nil
 }
 
 func (p *pair) close() {

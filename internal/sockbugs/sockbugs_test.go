@@ -14,8 +14,8 @@ func TestDetect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Bugs) != 4 {
-		t.Fatalf("%d bugs probed, want 4", len(r.Bugs))
+	if len(r.Bugs) != len(Names()) {
+		t.Fatalf("%d bugs probed, want %d", len(r.Bugs), len(Names()))
 	}
 	for _, b := range r.Bugs {
 		t.Logf("%s: present %v (%s)", b.Name, b.Present, b.Seen)
@@ -25,5 +25,23 @@ func TestDetect(t *testing.T) {
 	}
 	if !r.Has(Splice) {
 		t.Errorf("splice sees redirected bytes here: no kernel has that fix; the probe is wrong")
+	}
+}
+
+// TestProbesOnPlainTCP is the probes' negative control: over plain TCP,
+// which has none of these bugs, each must find nothing.
+func TestProbesOnPlainTCP(t *testing.T) {
+	testutil.RequireRoot(t)
+	r, err := detectIn(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Bugs) != len(Names()) {
+		t.Fatalf("%d probes ran, want %d", len(r.Bugs), len(Names()))
+	}
+	for _, b := range r.Bugs {
+		if b.Present {
+			t.Errorf("%s found on plain TCP (%s): the probe is wrong", b.Name, b.Seen)
+		}
 	}
 }
