@@ -175,7 +175,15 @@ http {
 				return
 			}
 			mustAtLeast(t, d, "conns_bypassed", 2)
-			mustAtLeast(t, d, "redirect_bytes", 2*uint64(len(blob)))
+			// All of it socket to socket, unless curl (piped to
+			// sha256sum) fell behind nginx by more than the backlog
+			// limit and its direction moved to TCP, as it does on a
+			// slow (emulated) CPU; the checksums held either way.
+			if d["fallback_backlog"] == 0 {
+				mustAtLeast(t, d, "redirect_bytes", 2*uint64(len(blob)))
+			} else {
+				mustAtLeast(t, d, "redirect_bytes", 1)
+			}
 		})
 	}
 }
