@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,6 +82,11 @@ func versionLess(a, b string) bool {
 // running kernel lacks. Other failures (not root, no BPF at all) are
 // returned as they are.
 func CheckKernel() error {
+	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK, whose
+	// default the probes soon exceed (EPERM); later ones need nothing.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return fmt.Errorf("lifting RLIMIT_MEMLOCK for BPF: %w", err)
+	}
 	b, err := loadBypass()
 	if err != nil {
 		return fmt.Errorf("loading embedded BPF object: %w", err)
