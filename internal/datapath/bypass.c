@@ -54,9 +54,10 @@ const volatile __u32 listener_kptr = 1;
 
 /* 1: connections between managed sockets are bypassed. 0: every one stays
  * on TCP (no socket enters the map, no sk_msg verdict runs): the loader's
- * choice on a kernel whose sockmap has a bug that breaks programs socklane
- * cannot tell apart (FIONREAD answering 0 for redirected bytes), unless
- * asked otherwise. */
+ * choice (--bypass auto) on a kernel whose sockmap would break programs
+ * socklane cannot tell apart (FIONREAD answering 0 for redirected bytes, no
+ * count of queued bytes for the backlog rule, lost epoll wake-ups or FINs;
+ * see Config.Settings), unless asked otherwise. */
 const volatile __u32 bypass = 1;
 
 /* Receiver backlog (bytes queued in the peer's socket) above which a
