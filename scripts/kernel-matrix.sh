@@ -9,7 +9,9 @@
 #   scripts/kernel-matrix.sh [--doc docs/kernels.md] [PACKAGE...]
 #
 # SOCKLANE_MATRIX_KERNELS ("run:PACKAGE refuse:URL@SHA256 ...") and
-# SOCKLANE_MATRIX_TESTS ("kerneltest e2e ...") narrow a run by hand.
+# SOCKLANE_MATRIX_TESTS ("kerneltest e2e ...") and SOCKLANE_MATRIX_E2E (a
+# -test.run pattern) narrow a run by hand; SOCKLANE_MATRIX_KEEP=1 keeps the
+# guests' serial logs (/tmp/socklane-kmatrix.*/KVER.log).
 #
 # Packages default to the newest linux-image-6.1.0-*-cloud-amd64-unsigned and
 # linux-image-6.12.*+deb12-cloud-amd64-unsigned apt knows. Kernels are cached
@@ -19,7 +21,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${SOCKLANE_KERNEL_CACHE:-/var/cache/socklane/kernels}"
 work="$(mktemp -d /tmp/socklane-kmatrix.XXXXXX)"
-trap 'rm -rf "$work"' EXIT
+trap '[ -n "${SOCKLANE_MATRIX_KEEP:-}" ] || rm -rf "$work"' EXIT
 doc=""
 if [ "${1:-}" = "--doc" ]; then doc="$2"; shift 2; fi
 log() { printf 'kernel-matrix: %s\n' "$*" >&2; }
@@ -159,9 +161,19 @@ guest_modules() { # KDIR KVER DEST
   "$busybox" depmod -b "$3" "$2"
 }
 
-overall=0
-results="$work/results"
-: > "$results"
+# Each kernel is prepared in turn (package, initramfs), then all boot side
+# by side: a guest's waits (timers, sleeps in the tests) leave the CPU to
+# the other. Per kernel: $work/$kver.{mode,ver,bins,log,secs}.
+booted=()
+boot_kernel() { # KVER KDIR CPIO
+  local start
+  start=$(date +%s)
+  timeout 4000 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 3072 -smp 2 \
+    -nodefaults -display none -no-reboot -serial "file:$work/$1.log" -net none \
+    -kernel "$2/boot/vmlinuz-$1" -initrd "$3" \
+    -append "console=ttyS0 panic=-1 quiet mitigations=off" >/dev/null 2>&1 || true
+  echo $(( $(date +%s) - start )) > "$work/$1.secs"
+}
 for k in "${kernels[@]}"; do
   mode=${k%%:*} src=${k#*:}
   if [ "$mode" = run ]; then
@@ -197,14 +209,24 @@ for k in "${kernels[@]}"; do
   fi
   guest_modules "$kdir" "$kver" "$ird"
   (cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) > "$ird.cpio.gz"
-  out="$work/$kver.log"
+  rm -rf "$ird"
+  echo "$mode" > "$work/$kver.mode"
+  echo "$ver" > "$work/$kver.ver"
+  echo "${kbins[*]}" > "$work/$kver.bins"
   log "booting $kver (qemu, emulated)"
-  start=$(date +%s)
-  timeout 3000 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 3072 -smp 2 \
-    -nodefaults -display none -no-reboot -serial "file:$out" -net none \
-    -kernel "$kdir/boot/vmlinuz-$kver" -initrd "$ird.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet mitigations=off" >/dev/null 2>&1 || true
-  secs=$(( $(date +%s) - start ))
+  boot_kernel "$kver" "$kdir" "$ird.cpio.gz" &
+  booted+=("$kver")
+done
+wait
+
+overall=0
+results="$work/results"
+: > "$results"
+for kver in "${booted[@]}"; do
+  mode=$(cat "$work/$kver.mode") ver=$(cat "$work/$kver.ver") secs=$(cat "$work/$kver.secs" 2>/dev/null || echo "?")
+  read -r -a kbins < "$work/$kver.bins"
+  out="$work/$kver.log"
+  touch "$out"
   sed -n '/^SLK\|^=== RUN\|^--- \|^    \|^ok\|^FAIL\|^PASS/p' "$out" | tr -d '\r' | sed "s/^/[$kver] /" >&2
   status=$(tr -d '\r' < "$out" | awk '/^SLK exit/ {print $3}' | tail -1)
   # The requirement check must agree with the matrix: run kernels meet

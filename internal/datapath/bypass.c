@@ -274,7 +274,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	}
 	__u32 slot;
-	if (bpf_map_pop_elem(&sl_conn_free, &slot)) {
+	if (conn_slot_take(&slot)) {
 		owner_release(owner, SL_HOLD_CONNS);
 		count(SL_C_ERR_CONN_TABLE_FULL, 1);
 		return;

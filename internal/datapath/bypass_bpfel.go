@@ -183,7 +183,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 8
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 9
 )
 
 type bypassSlListener struct {
@@ -288,6 +288,7 @@ const (
 	bypassMapSlCapture       = "sl_capture"
 	bypassMapSlConnFree      = "sl_conn_free"
 	bypassMapSlConnIndex     = "sl_conn_index"
+	bypassMapSlConnNext      = "sl_conn_next"
 	bypassMapSlConnSocks     = "sl_conn_socks"
 	bypassMapSlConns         = "sl_conns"
 	bypassMapSlEvSettings    = "sl_ev_settings"
@@ -372,6 +373,7 @@ type bypassMapSpecs struct {
 	SlCapture     *ebpf.MapSpec `ebpf:"sl_capture"`
 	SlConnFree    *ebpf.MapSpec `ebpf:"sl_conn_free"`
 	SlConnIndex   *ebpf.MapSpec `ebpf:"sl_conn_index"`
+	SlConnNext    *ebpf.MapSpec `ebpf:"sl_conn_next"`
 	SlConnSocks   *ebpf.MapSpec `ebpf:"sl_conn_socks"`
 	SlConns       *ebpf.MapSpec `ebpf:"sl_conns"`
 	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
@@ -424,6 +426,7 @@ type bypassMaps struct {
 	SlCapture     *ebpf.Map `ebpf:"sl_capture"`
 	SlConnFree    *ebpf.Map `ebpf:"sl_conn_free"`
 	SlConnIndex   *ebpf.Map `ebpf:"sl_conn_index"`
+	SlConnNext    *ebpf.Map `ebpf:"sl_conn_next"`
 	SlConnSocks   *ebpf.Map `ebpf:"sl_conn_socks"`
 	SlConns       *ebpf.Map `ebpf:"sl_conns"`
 	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
@@ -445,6 +448,7 @@ func (m *bypassMaps) Close() error {
 		m.SlCapture,
 		m.SlConnFree,
 		m.SlConnIndex,
+		m.SlConnNext,
 		m.SlConnSocks,
 		m.SlConns,
 		m.SlEvSettings,

@@ -183,9 +183,6 @@ func create(cfg Config, f Features) (*Datapath, error) {
 		return nil, err
 	}
 	d.recordBugs()
-	if err := d.fillFreeSlots(); err != nil {
-		return nil, err
-	}
 	if err := d.createLB(); err != nil {
 		return nil, err
 	}
@@ -266,14 +263,14 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 	return d, nil
 }
 
-func (d *Datapath) fillFreeSlots() error {
-	n := d.objs.SlConns.MaxEntries()
-	for i := uint32(0); i < n; i++ {
-		if err := d.objs.SlConnFree.Update(nil, i, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("filling free connection slots: %w", err)
-		}
+// SlotsEverUsed is how many distinct connection slots have been taken
+// since the datapath was created (fresh slots are taken first, in order).
+func (d *Datapath) SlotsEverUsed() (int, error) {
+	var n uint64
+	if err := d.objs.SlConnNext.Lookup(uint32(0), &n); err != nil {
+		return 0, fmt.Errorf("reading the connection slot counter: %w", err)
 	}
-	return nil
+	return int(min(n, uint64(d.objs.SlConns.MaxEntries()))), nil
 }
 
 // ConnSlots is how many connections the datapath can track at once.

@@ -210,31 +210,37 @@ __noinline int sl_nat_remember(struct sl_lb_sock *st, const struct sl_backend *v
 {
 	if (!st || !vip || !be)
 		return 0;
-	__u32 slot = SL_LB_SOCK_NATS, lru = 0, oldest = 0xffffffff;
+	/* Three passes, none carrying an index from one iteration to the
+	 * next (an index kept across the loop multiplies the states the
+	 * verifier explores: each program that calls this took ~450k
+	 * instructions and a second to verify, far longer under emulation).
+	 * The entry already held for vip is refreshed in place; else the
+	 * oldest age is found, then the first entry of that age replaced. */
 	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
 		if (same_be(&st->nat[i].vip, vip)) {
-			slot = i;
-			break;
+			st->nat[i].be = *be;
+			st->nat[i].used = ++st->clock;
+			return 0;
 		}
-		/* Free entries (port 0) count as the oldest. */
+	}
+	/* Free entries (port 0) count as the oldest. */
+	__u32 oldest = 0xffffffff;
+	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
 		__u32 age = st->nat[i].vip.port ? st->nat[i].used : 0;
-		if (age < oldest) {
+		if (age < oldest)
 			oldest = age;
-			lru = i;
+	}
+	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
+		__u32 age = st->nat[i].vip.port ? st->nat[i].used : 0;
+		if (age == oldest) {
+			int evicted = st->nat[i].vip.port != 0;
+			st->nat[i].vip = *vip;
+			st->nat[i].be = *be;
+			st->nat[i].used = ++st->clock;
+			return evicted;
 		}
 	}
-	int evicted = 0;
-	if (slot == SL_LB_SOCK_NATS) {
-		slot = lru;
-		if (slot < SL_LB_SOCK_NATS)
-			evicted = st->nat[slot].vip.port != 0;
-	}
-	if (slot < SL_LB_SOCK_NATS) {
-		st->nat[slot].vip = *vip;
-		st->nat[slot].be = *be;
-		st->nat[slot].used = ++st->clock;
-	}
-	return evicted;
+	return 0;
 }
 
 /* The backend st holds for vip, if any. */

@@ -167,6 +167,22 @@ static __always_inline void owner_release(__u64 owner, int what)
 }
 
 /* Drops role's membership; the last member returns the slot. */
+/* Takes a connection slot: a fresh one while any is left, else the one
+ * freed longest ago. Returns non-zero when none is free. */
+static __always_inline int conn_slot_take(__u32 *slot)
+{
+	__u32 zero = 0;
+	__u64 *next = bpf_map_lookup_elem(&sl_conn_next, &zero);
+	if (next && *next < SL_MAX_CONNS) {
+		__u64 n = __sync_fetch_and_add(next, 1);
+		if (n < SL_MAX_CONNS) {
+			*slot = (__u32)n;
+			return 0;
+		}
+	}
+	return bpf_map_pop_elem(&sl_conn_free, slot);
+}
+
 static __always_inline void conn_leave(struct sl_conn *c, __u32 slot, __u32 gen, __u32 role)
 {
 	__u32 bit = 1u << role;

@@ -60,7 +60,19 @@ struct {
 	__type(value, struct sl_conn_socks);
 } sl_conn_socks SEC(".maps");
 
-/* Free connection slots, filled by the loader. */
+/* Connection slots never used yet are taken in order from this counter
+ * (nothing is filled at load); slots freed since wait in sl_conn_free and
+ * are taken only once the counter has passed SL_MAX_CONNS: a freed slot
+ * rests as long as possible before reuse (its sockets may still be
+ * leaving sl_sockhash under its keys). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} sl_conn_next SEC(".maps");
+
+/* Freed connection slots, a FIFO queue. */
 struct {
 	__uint(type, BPF_MAP_TYPE_QUEUE);
 	__uint(max_entries, SL_MAX_CONNS);

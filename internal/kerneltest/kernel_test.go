@@ -351,3 +351,29 @@ func TestServiceLB(t *testing.T) {
 		t.Errorf("service connections bypassed: %v", d)
 	}
 }
+
+// TestSlotsFreshFirst: connection slots are taken fresh, in order, before
+// any freed one is reused (a freed slot's sockets may still be leaving the
+// socket map under its keys), and nothing is filled at load.
+func TestSlotsFreshFirst(t *testing.T) {
+	n := newNode(t)
+	n.server("echo", "127.0.0.1:7703")
+	used := func() int {
+		u, err := n.dp.SlotsEverUsed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	start := used()
+	const conns = 4
+	for round := 1; round <= 2; round++ {
+		n.client("127.0.0.1:7703", conns, 64<<10)
+		if got := used() - start; got != round*conns {
+			t.Errorf("after round %d, %d fresh slots taken, want %d (freed slots must wait)", round, got, round*conns)
+		}
+	}
+	if d := n.counters(); d["err_conn_table_full"] != 0 {
+		t.Errorf("table full with %d slots used: %v", used(), d)
+	}
+}
