@@ -44,6 +44,10 @@ struct sl_enums {
 	struct sl_event event;
 	struct sl_cap_hdr cap_hdr;
 	enum sl_quota quota;
+	enum sl_dir dir;
+	enum sl_word word;
+	enum sl_defaults defaults;
+	enum sl_cap_limits cap_limits;
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
 
@@ -63,7 +67,7 @@ const volatile __u32 bypass = 1;
 /* Receiver backlog (bytes queued in the peer's socket) above which a
  * direction moves to TCP, whose window then pushes back on the sender.
  * 0 disables the check. Set by the loader from net.ipv4.tcp_rmem[2]. */
-const volatile __u32 backlog_limit = 6 << 20;
+const volatile __u32 backlog_limit = SL_DEFAULT_BACKLOG_LIMIT;
 
 /* 1: a connection with an end that reads in blocking mode stays on TCP.
  * The kernel's sockmap receive path (tcp_bpf_recvmsg) answers a blocking
@@ -398,7 +402,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 			c->reason[0] = c->reason[1] = why;
 			count(SL_C_CONNS_TCP, 1);
 			count(why, 1);
-			conn_event(c, SL_EV_TCP, why, 2, SL_ROLE_SERVER);
+			conn_event(c, SL_EV_TCP, why, SL_DIR_BOTH, SL_ROLE_SERVER);
 		}
 		return;
 	}
@@ -407,7 +411,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 		count(SL_C_ERR_SOCKHASH, 1);
 		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP) {
 			count(SL_C_CONNS_TCP, 1);
-			conn_event(c, SL_EV_TCP, SL_C_ERR_SOCKHASH, 2, SL_ROLE_SERVER);
+			conn_event(c, SL_EV_TCP, SL_C_ERR_SOCKHASH, SL_DIR_BOTH, SL_ROLE_SERVER);
 		}
 		return;
 	}
@@ -642,7 +646,7 @@ static __always_inline void leave_for_blocking(struct sl_sock *st, struct sl_con
 	c->path[0] = c->path[1] = SL_PATH_TCP;
 	c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;
 	count(SL_C_FALLBACK_BLOCKING, 1);
-	conn_event(c, SL_EV_FALLBACK, SL_C_FALLBACK_BLOCKING, 2, st->role);
+	conn_event(c, SL_EV_FALLBACK, SL_C_FALLBACK_BLOCKING, SL_DIR_BOTH, st->role);
 }
 
 /* The client's first send commits its direction. */
@@ -696,7 +700,7 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 		count(SL_C_CONNS_TCP, 1);
 		count(SL_C_FALLBACK_PEER_NOT_READY, 1);
 		c->reason[SL_ROLE_CLIENT] = SL_C_FALLBACK_PEER_NOT_READY;
-		conn_event(c, SL_EV_TCP, SL_C_FALLBACK_PEER_NOT_READY, 2, SL_ROLE_CLIENT);
+		conn_event(c, SL_EV_TCP, SL_C_FALLBACK_PEER_NOT_READY, SL_DIR_BOTH, SL_ROLE_CLIENT);
 	}
 	st->path = SL_PATH_TCP;
 	st->evict = 1;

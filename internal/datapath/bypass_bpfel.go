@@ -29,6 +29,12 @@ type bypassSlCapHdr struct {
 	Pad     [3]uint8
 }
 
+type bypassSlCapLimits uint32
+
+const (
+	bypassSlCapLimitsSL_CAP_SNAP_MAX bypassSlCapLimits = 1024
+)
+
 type bypassSlCaptureCfg struct {
 	_       structs.HostLayout
 	UntilNs uint64
@@ -114,6 +120,12 @@ type bypassSlCounters struct {
 	C [31]uint64
 }
 
+type bypassSlDefaults uint32
+
+const (
+	bypassSlDefaultsSL_DEFAULT_BACKLOG_LIMIT bypassSlDefaults = 6291456
+)
+
 type bypassSlDest struct {
 	_     structs.HostLayout
 	Ip    [4]uint32
@@ -132,6 +144,14 @@ type bypassSlDestStat struct {
 	Pad      uint32
 	JoinedNs uint64
 }
+
+type bypassSlDir uint32
+
+const (
+	bypassSlDirSL_DIR_CLIENT_TO_SERVER bypassSlDir = 0
+	bypassSlDirSL_DIR_SERVER_TO_CLIENT bypassSlDir = 1
+	bypassSlDirSL_DIR_BOTH             bypassSlDir = 2
+)
 
 type bypassSlEvent struct {
 	_       structs.HostLayout
@@ -277,6 +297,14 @@ type bypassSlTuple struct {
 	RemoteSeq  uint32
 	Pad        uint32
 }
+
+type bypassSlWord uint32
+
+const (
+	bypassSlWordSL_WORD_FIELD_MASK  bypassSlWord = 65535
+	bypassSlWordSL_WORD_STATE_SHIFT bypassSlWord = 16
+	bypassSlWordSL_WORD_GEN_SHIFT   bypassSlWord = 32
+)
 
 // Names of all BPF objects in the ELF.
 //

@@ -18,12 +18,16 @@ import (
 
 // Names of the pinned programs; maps are pinned under their own names.
 const (
-	progPinSockops = "prog_sl_sockops"
-	progPinMsg     = "prog_sl_msg"
-	progPinRelease = "prog_sl_release"
-	progPinReclaim = "prog_sl_reclaim"
-	progPinSeed    = "prog_sl_seed_listener"
+	progPinPrefix  = "prog_"
+	progPinSockops = progPinPrefix + bypassProgSlSockops
+	progPinMsg     = progPinPrefix + bypassProgSlMsg
+	progPinRelease = progPinPrefix + bypassProgSlRelease
+	progPinReclaim = progPinPrefix + bypassProgSlReclaim
+	progPinSeed    = progPinPrefix + bypassProgSlSeedListener
 	linkPinPrefix  = "link_"
+	// hookSockops names sl_sockops's attachment in link pins; its link
+	// id identifies an attachment.
+	hookSockops = "sockops"
 )
 
 // Config says where the datapath lives and how it behaves.
@@ -317,7 +321,7 @@ func (d *Datapath) Attach(path string, cgroupID uint64) (*Attachment, error) {
 	for _, h := range hooks {
 		pin := d.linkPin(h.name, cgroupID)
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-			if info, err := l.Info(); err == nil && h.name == "sockops" {
+			if info, err := l.Info(); err == nil && h.name == hookSockops {
 				a.LinkID = uint32(info.ID)
 			}
 			l.Close()
@@ -325,7 +329,7 @@ func (d *Datapath) Attach(path string, cgroupID uint64) (*Attachment, error) {
 		}
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: h.attach, Program: h.prog(d)})
 		if err == nil {
-			if err = l.Pin(pin); err == nil && h.name == "sockops" {
+			if err = l.Pin(pin); err == nil && h.name == hookSockops {
 				if info, ierr := l.Info(); ierr == nil {
 					a.LinkID = uint32(info.ID)
 				}
@@ -421,5 +425,5 @@ func tcpRmemMax() uint32 {
 			}
 		}
 	}
-	return 6 << 20
+	return uint32(bypassSlDefaultsSL_DEFAULT_BACKLOG_LIMIT)
 }

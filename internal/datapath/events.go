@@ -77,7 +77,11 @@ func EventTypes() []string {
 	return []string{"established", "bypass", "tcp", "fallback", "closed", "lb_select", "lb_refused", "lost"}
 }
 
-var dirNames = []string{"c->s", "s->c", "both"}
+var dirNames = map[uint8]string{
+	uint8(bypassSlDirSL_DIR_CLIENT_TO_SERVER): "c->s",
+	uint8(bypassSlDirSL_DIR_SERVER_TO_CLIENT): "s->c",
+	uint8(bypassSlDirSL_DIR_BOTH):             "both",
+}
 
 // decodeEvent turns one ring buffer record into an Event.
 func decodeEvent(raw []byte, counters []string, clk clock) (Event, error) {
@@ -107,12 +111,10 @@ func decodeEvent(raw []byte, counters []string, clk clock) (Event, error) {
 	}
 	switch ev.Type {
 	case "fallback", "tcp":
-		if int(e.Dir) < len(dirNames) {
-			ev.Dir = dirNames[e.Dir]
-		}
+		ev.Dir = dirNames[e.Dir]
 	case "closed", "established", "bypass":
 		ev.Role = "client"
-		if e.Role == 1 {
+		if e.Role == uint8(bypassSlRoleSL_ROLE_SERVER) {
 			ev.Role = "server"
 		}
 	}
@@ -189,15 +191,15 @@ func readRing(ctx context.Context, m *ebpf.Map, fn func([]byte) error) error {
 
 // lostEvents sums the two programs' lost-event counters.
 func (d *Datapath) lostEvents() (uint64, error) {
-	c, err := d.Counters()
+	c, err := d.counterSums()
 	if err != nil {
 		return 0, err
 	}
-	lb, err := d.LBCounters()
+	lb, err := d.lbCounterSums()
 	if err != nil {
 		return 0, err
 	}
-	return c["events_lost"] + lb["events_lost"], nil
+	return c[bypassSlCounterSL_C_EVENTS_LOST] + lb[servicelbSlLbCounterSL_LB_EVENTS_LOST], nil
 }
 
 // Events turns the event stream on and calls fn with each event until ctx
@@ -253,7 +255,7 @@ func (d *Datapath) Events(ctx context.Context, ready func(), fn func(Event) erro
 }
 
 // MaxSnap is the most payload bytes a capture keeps per message.
-const MaxSnap = 1023
+const MaxSnap = uint32(bypassSlCapLimitsSL_CAP_SNAP_MAX) - 1
 
 // CaptureConfig selects what a capture records.
 type CaptureConfig struct {
@@ -280,11 +282,11 @@ type CaptureLoss struct {
 }
 
 func (d *Datapath) captureCounters() (captured uint64, loss CaptureLoss, err error) {
-	c, err := d.Counters()
+	c, err := d.counterSums()
 	if err != nil {
 		return 0, loss, err
 	}
-	return c["captured"], CaptureLoss{RingFull: c["capture_lost"], RateLimited: c["capture_rate_drops"]}, nil
+	return c[bypassSlCounterSL_C_CAPTURED], CaptureLoss{RingFull: c[bypassSlCounterSL_C_CAPTURE_LOST], RateLimited: c[bypassSlCounterSL_C_CAPTURE_RATE_DROPS]}, nil
 }
 
 // Capture records the payload of bypassed messages matching cfg and calls

@@ -31,10 +31,8 @@ var hooks = []hook{
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername6 }},
 	{"sockrelease", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.lb.SlSockRelease }},
 	{"release", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.objs.SlRelease }},
-	{"sockops", ebpf.AttachCGroupSockOps, func(d *Datapath) *ebpf.Program { return d.objs.SlSockops }},
+	{hookSockops, ebpf.AttachCGroupSockOps, func(d *Datapath) *ebpf.Program { return d.objs.SlSockops }},
 }
-
-const progPinPrefix = "prog_"
 
 func loadLBSpec() (*ebpf.CollectionSpec, error) {
 	spec, err := loadServicelb()
@@ -53,12 +51,12 @@ func loadLBSpec() (*ebpf.CollectionSpec, error) {
 func (d *Datapath) lbPrograms() map[string]**ebpf.Program {
 	p := &d.lb.servicelbPrograms
 	return map[string]**ebpf.Program{
-		"sl_connect4": &p.SlConnect4, "sl_connect6": &p.SlConnect6,
-		"sl_sendmsg4": &p.SlSendmsg4, "sl_sendmsg6": &p.SlSendmsg6,
-		"sl_recvmsg4": &p.SlRecvmsg4, "sl_recvmsg6": &p.SlRecvmsg6,
-		"sl_getpeername4": &p.SlGetpeername4, "sl_getpeername6": &p.SlGetpeername6,
-		"sl_sock_release": &p.SlSockRelease,
-		"sl_lb_forget":    &p.SlLbForget,
+		servicelbProgSlConnect4: &p.SlConnect4, servicelbProgSlConnect6: &p.SlConnect6,
+		servicelbProgSlSendmsg4: &p.SlSendmsg4, servicelbProgSlSendmsg6: &p.SlSendmsg6,
+		servicelbProgSlRecvmsg4: &p.SlRecvmsg4, servicelbProgSlRecvmsg6: &p.SlRecvmsg6,
+		servicelbProgSlGetpeername4: &p.SlGetpeername4, servicelbProgSlGetpeername6: &p.SlGetpeername6,
+		servicelbProgSlSockRelease: &p.SlSockRelease,
+		servicelbProgSlLbForget:    &p.SlLbForget,
 	}
 }
 

@@ -58,7 +58,7 @@ func (p Pins) Attachments() ([]Attachment, error) {
 	var out []Attachment
 	for id, hs := range ls {
 		a := Attachment{CgroupID: id}
-		if pin, ok := hs["sockops"]; ok {
+		if pin, ok := hs[hookSockops]; ok {
 			if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 				if info, err := l.Info(); err == nil {
 					a.LinkID = uint32(info.ID)
@@ -139,7 +139,7 @@ func (p Pins) PruneDefunct() ([]uint64, error) {
 	}
 	var gone []uint64
 	for id, hs := range ls {
-		pin, ok := hs["sockops"]
+		pin, ok := hs[hookSockops]
 		if !ok {
 			continue
 		}

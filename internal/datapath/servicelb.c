@@ -32,6 +32,7 @@ struct sl_lb_enums {
 	enum sl_lb_counter counter;
 	enum sl_member_state state;
 	struct sl_lb_forget_args forget;
+	enum sl_lb_layout layout;
 };
 const struct sl_lb_enums *sl_lb_enums_unused __attribute__((unused));
 

@@ -73,6 +73,12 @@ type servicelbSlLbForgetArgs struct {
 	Cookie uint64
 }
 
+type servicelbSlLbLayout uint32
+
+const (
+	servicelbSlLbLayoutSL_BANK_SHIFT servicelbSlLbLayout = 16
+)
+
 type servicelbSlLbOwner struct {
 	_       structs.HostLayout
 	Conns   uint64

@@ -17,7 +17,7 @@ const (
 	ipprotoUDP = 17
 )
 
-const bankShift = 16
+const bankShift = servicelbSlLbLayoutSL_BANK_SHIFT
 
 func addrWords(a netip.Addr) [4]uint32 {
 	b := a.As16() // IPv4 becomes IPv4-mapped IPv6, as the datapath keys it
@@ -356,20 +356,11 @@ type LBStats struct {
 // LBCounters sums the load balancer's per-CPU counters. Keys are
 // LBCounterNames.
 func (d *Datapath) LBCounters() (map[string]uint64, error) {
-	names := d.lbCounterNames
-	var perCPU []servicelbSlLbCounters
-	if err := d.lb.SlLbStats.Lookup(uint32(0), &perCPU); err != nil {
-		return nil, fmt.Errorf("reading load balancer counters: %w", err)
+	s, err := d.lbCounterSums()
+	if err != nil {
+		return nil, err
 	}
-	out := map[string]uint64{}
-	for i, name := range names {
-		for _, p := range perCPU {
-			if name != "" {
-				out[name] += p.C[i]
-			}
-		}
-	}
-	return out, nil
+	return named(s, d.lbCounterNames), nil
 }
 
 // ServiceStats reads the load balancer's counters.

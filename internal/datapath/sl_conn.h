@@ -13,15 +13,12 @@
 #include "sl_event_maps.h"
 #include "sl_kernel.h"
 
-#define STATE_SHIFT 16
-#define GEN_SHIFT 32
-
-static __always_inline __u32 word_gen(__u64 w) { return w >> GEN_SHIFT; }
-static __always_inline __u32 word_state(__u64 w) { return (w >> STATE_SHIFT) & 0xffff; }
-static __always_inline __u32 word_members(__u64 w) { return w & 0xffff; }
+static __always_inline __u32 word_gen(__u64 w) { return w >> SL_WORD_GEN_SHIFT; }
+static __always_inline __u32 word_state(__u64 w) { return (w >> SL_WORD_STATE_SHIFT) & SL_WORD_FIELD_MASK; }
+static __always_inline __u32 word_members(__u64 w) { return w & SL_WORD_FIELD_MASK; }
 static __always_inline __u64 mkword(__u32 gen, __u32 state, __u32 members)
 {
-	return ((__u64)gen << GEN_SHIFT) | ((__u64)state << STATE_SHIFT) | members;
+	return ((__u64)gen << SL_WORD_GEN_SHIFT) | ((__u64)state << SL_WORD_STATE_SHIFT) | members;
 }
 
 static __always_inline struct sl_counters *counters(void)

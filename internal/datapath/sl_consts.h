@@ -90,6 +90,27 @@ enum sl_role {
 	SL_ROLE_SERVER = 1,
 };
 
+/* A connection's direction in events: the sending role's, or both. */
+enum sl_dir {
+	SL_DIR_CLIENT_TO_SERVER = SL_ROLE_CLIENT,
+	SL_DIR_SERVER_TO_CLIENT = SL_ROLE_SERVER,
+	SL_DIR_BOTH = 2,
+};
+
+/* sl_conn.word, changed only by compare-and-swap: the slot's generation
+ * (bits 32-63), its enum sl_conn_state (16-31) and its members (0-15: bit
+ * 1 << enum sl_role for each end that joined). */
+enum sl_word {
+	SL_WORD_FIELD_MASK = 0xffff,
+	SL_WORD_STATE_SHIFT = 16,
+	SL_WORD_GEN_SHIFT = 32,
+};
+
+/* The backlog limit when net.ipv4.tcp_rmem cannot be read. */
+enum sl_defaults {
+	SL_DEFAULT_BACKLOG_LIMIT = 6 << 20,
+};
+
 /* Connections not worth joining the bypass: brief ones (at most one send
  * each way, of at most SL_BRIEF_MAX_BYTES) and those whose server never
  * joined. SL_BRIEF_LEARN of them in a row to one destination (from one
@@ -135,6 +156,10 @@ enum sl_quota {
 #define SL_MAX_BACKEND_SLOTS 1048576 /* backends over all frontends and both banks */
 #define SL_MAX_AFFINITY 262144       /* ClientIP affinity entries */
 #define SL_MAX_LB_CONNS 131072      /* translated connected sockets */
-#define SL_BANK_SHIFT 16
+/* A backend slot key: the bank (0 or 1) above SL_BANK_SHIFT, the index
+ * within the bank below. */
+enum sl_lb_layout {
+	SL_BANK_SHIFT = 16,
+};
 
 #endif

@@ -33,8 +33,8 @@ struct sl_event {
 	__u32 type;        /* enum sl_event_type */
 	__u32 reason;      /* enum sl_counter of a fallback or TCP decision */
 	__u32 svc_id;      /* load balancer: frontend id */
-	__u8 dir;          /* fallback: 0 client->server, 1 server->client */
-	__u8 role;         /* closed: 0 client, 1 server */
+	__u8 dir;          /* fallback, tcp: enum sl_dir */
+	__u8 role;         /* closed, established, bypass: enum sl_role */
 	__u8 proto;        /* load balancer: IPPROTO_TCP or IPPROTO_UDP */
 	__u8 pad[5];
 };
@@ -45,7 +45,11 @@ struct sl_events_cfg {
 	__u64 until_ns;
 };
 
-#define SL_CAP_SNAP_MAX 1024
+/* Capture sizes: a record's payload buffer (SL_CAP_SNAP_MAX - 1 bytes
+ * kept at most, a power of two so that a mask bounds the copy). */
+enum sl_cap_limits {
+	SL_CAP_SNAP_MAX = 1024,
+};
 
 /* What to capture, set by `socklane capture`, renewed like events. */
 struct sl_capture_cfg {

@@ -45,27 +45,54 @@ func enumNames(spec *ebpf.CollectionSpec, enum, prefix string, n int) ([]string,
 	return names, nil
 }
 
+// sumCounters reads a per-CPU counter block (one entry, key 0) and sums
+// it over the CPUs: the result is indexed by the counters' C enum.
+func sumCounters[B bypassSlCounters | servicelbSlLbCounters](m *ebpf.Map, counters func(*B) []uint64) ([]uint64, error) {
+	var perCPU []B
+	if err := m.Lookup(uint32(0), &perCPU); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", m, err)
+	}
+	var sum []uint64
+	for i := range perCPU {
+		c := counters(&perCPU[i])
+		if sum == nil {
+			sum = make([]uint64, len(c))
+		}
+		for j, v := range c {
+			sum[j] += v
+		}
+	}
+	return sum, nil
+}
+
+// counterSums is the datapath's counters, indexed by enum sl_counter.
+func (d *Datapath) counterSums() ([]uint64, error) {
+	return sumCounters(d.objs.SlStats, func(b *bypassSlCounters) []uint64 { return b.C[:] })
+}
+
+// lbCounterSums is the load balancer's, indexed by enum sl_lb_counter.
+func (d *Datapath) lbCounterSums() ([]uint64, error) {
+	return sumCounters(d.lb.SlLbStats, func(b *servicelbSlLbCounters) []uint64 { return b.C[:] })
+}
+
+// named keys sums by the names read from the enum at open.
+func named(sums []uint64, names []string) map[string]uint64 {
+	out := make(map[string]uint64, len(names))
+	for i, n := range names {
+		if n != "" && i < len(sums) {
+			out[n] = sums[i]
+		}
+	}
+	return out
+}
+
 // Counters sums the per-CPU counters. Keys are CounterNames.
 func (d *Datapath) Counters() (map[string]uint64, error) {
-	names := d.counterNames
-	var perCPU []bypassSlCounters
-	if err := d.objs.SlStats.Lookup(uint32(0), &perCPU); err != nil {
-		return nil, fmt.Errorf("reading sl_stats: %w", err)
+	s, err := d.counterSums()
+	if err != nil {
+		return nil, err
 	}
-	out := make(map[string]uint64, len(names))
-	for _, n := range names {
-		if n != "" {
-			out[n] = 0
-		}
-	}
-	for _, c := range perCPU {
-		for i, v := range c.C {
-			if names[i] != "" {
-				out[names[i]] += v
-			}
-		}
-	}
-	return out, nil
+	return named(s, d.counterNames), nil
 }
 
 // Direction is one direction of a connection.
@@ -130,8 +157,8 @@ func (d *Datapath) Conns() ([]Conn, error) {
 	nowNs := uint64(now.Nano())
 	var out []Conn
 	err := d.eachConn(func(slot uint32, c *bypassSlConn) {
-		state := uint32(c.Word>>16) & 0xffff
-		members := uint32(c.Word) & 0xffff
+		state := wordState(c.Word)
+		members := wordMembers(c.Word)
 		row := Conn{
 			Slot:        slot,
 			State:       stateNames[state],
@@ -143,10 +170,10 @@ func (d *Datapath) Conns() ([]Conn, error) {
 		if nowNs > c.StartNs {
 			row.Age = time.Duration(nowNs - c.StartNs)
 		}
-		if members&1 != 0 {
+		if members&memberBit(bypassSlRoleSL_ROLE_CLIENT) != 0 {
 			row.Members = append(row.Members, "client")
 		}
-		if members&2 != 0 {
+		if members&memberBit(bypassSlRoleSL_ROLE_SERVER) != 0 {
 			row.Members = append(row.Members, "server")
 		}
 		dirs := [2]*Direction{&row.ClientToServer, &row.ServerToClient}
@@ -209,7 +236,7 @@ func (d *Datapath) BriefDests() ([]BriefDest, error) {
 
 // eachDest calls fn for every entry of sl_brief.
 func (d *Datapath) eachDest(fn func(bypassSlDest, bypassSlDestStat)) error {
-	return eachEntry(d.objs.SlBrief, "sl_brief", fn)
+	return eachEntry(d.objs.SlBrief, bypassMapSlBrief, fn)
 }
 
 // eachEntry calls fn for every entry of a hash map; what names the map in

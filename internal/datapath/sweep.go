@@ -7,6 +7,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+// The fields of a connection word (enum sl_word): the slot's generation,
+// its state and its members, one bit per role that joined.
+func wordGen(w uint64) uint32 { return uint32(w >> bypassSlWordSL_WORD_GEN_SHIFT) }
+func wordState(w uint64) uint32 {
+	return uint32(w>>bypassSlWordSL_WORD_STATE_SHIFT) & uint32(bypassSlWordSL_WORD_FIELD_MASK)
+}
+func wordMembers(w uint64) uint32 { return uint32(w) & uint32(bypassSlWordSL_WORD_FIELD_MASK) }
+
+// memberBit is role's bit in a word's members.
+func memberBit[R ~int | ~uint32](role R) uint32 { return 1 << uint32(role) }
+
 // eachConn calls fn for every slot of sl_conns in use (not free, with a
 // member), read in batches.
 func (d *Datapath) eachConn(fn func(slot uint32, c *bypassSlConn)) error {
@@ -18,7 +29,7 @@ func (d *Datapath) eachConn(fn func(slot uint32, c *bypassSlConn)) error {
 		cnt, err := d.objs.SlConns.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < cnt; i++ {
 			c := &vals[i]
-			if uint32(c.Word>>16)&0xffff == uint32(bypassSlConnStateSL_CONN_FREE) || uint32(c.Word)&0xffff == 0 {
+			if wordState(c.Word) == uint32(bypassSlConnStateSL_CONN_FREE) || wordMembers(c.Word) == 0 {
 				continue
 			}
 			fn(keys[i], c)
@@ -65,10 +76,10 @@ func (d *Datapath) Sweep(owned func([]MemberSocket) (map[uint64]bool, error)) (S
 	var socks []MemberSocket
 	err := d.eachConn(func(slot uint32, c *bypassSlConn) {
 		st.InUse++
-		members := uint32(c.Word) & 0xffff
+		members := wordMembers(c.Word)
 		netns := [2]uint64{c.ClientNetns, c.ServerNetns}
 		for role := range uint32(2) {
-			if members&(1<<role) == 0 {
+			if members&memberBit(role) == 0 {
 				continue
 			}
 			var cookie uint64
@@ -79,7 +90,7 @@ func (d *Datapath) Sweep(owned func([]MemberSocket) (map[uint64]bool, error)) (S
 		}
 		cands = append(cands, cand{slot, *c})
 		for role := range 2 {
-			if members&(1<<role) != 0 {
+			if members&memberBit(role) != 0 {
 				socks = append(socks, MemberSocket{Cookie: c.Cookie[role], Netns: netns[role]})
 			}
 		}
@@ -92,10 +103,10 @@ func (d *Datapath) Sweep(owned func([]MemberSocket) (map[uint64]bool, error)) (S
 		return st, fmt.Errorf("finding member sockets: %w", err)
 	}
 	for _, c := range cands {
-		members := uint32(c.conn.Word) & 0xffff
+		members := wordMembers(c.conn.Word)
 		alive := false
 		for role := range 2 {
-			alive = alive || members&(1<<role) != 0 && open[c.conn.Cookie[role]]
+			alive = alive || members&memberBit(role) != 0 && open[c.conn.Cookie[role]]
 		}
 		if alive {
 			st.Live++
@@ -124,7 +135,7 @@ func (d *Datapath) reclaim(slot uint32, c *bypassSlConn) (bool, error) {
 		return false, nil
 	}
 	var ref bypassSlConnRef
-	if err := d.objs.SlConnIndex.Lookup(&c.Client, &ref); err == nil && ref.Slot == slot && ref.Gen == uint32(c.Word>>32) {
+	if err := d.objs.SlConnIndex.Lookup(&c.Client, &ref); err == nil && ref.Slot == slot && ref.Gen == wordGen(c.Word) {
 		if err := d.objs.SlConnIndex.Delete(&c.Client); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return true, fmt.Errorf("removing a reclaimed slot's index entry: %w", err)
 		}
