@@ -53,15 +53,17 @@ fi
 # The tests, static (the guest has no Go toolchain): the kernel-only tests,
 # and the end-to-end tests that prove the datapath (pods on a bridge, the
 # socklane command, bypass integrity, fallbacks, service load balancing,
-# attacks, lifecycle, the default per kernel, redis and nginx). The others
-# need what the guest does not carry (containerd, a Kubernetes API server,
-# dnsmasq, tcpdump) or are benchmarks.
+# attacks and quotas, lifecycle, the default per kernel, capture, metrics,
+# top, the demo, redis, nginx and dnsmasq). The others need what the guest
+# does not carry (containerd, a Kubernetes API server), do not depend on the
+# kernel (flag and file validation, metrics exposure) or are benchmarks.
 read -r -a bins <<< "${SOCKLANE_MATRIX_TESTS:-kerneltest datapath sockbugs e2e}"
 e2e_run='^(TestBypassIntegrity|TestBlockingIO|TestLoopbackNamespaceIsolation|TestRemotePeerNotRedirected|TestConnsTable'
 e2e_run+='|TestServiceLB|TestServiceLBEdgeCases|TestServiceBackendRemoval|TestServiceTrackedPrune'
 e2e_run+='|TestBriefConnections|TestNoPeerConnections|TestBacklogGrace|TestFastOpenOrder|TestConnectionTakeover'
 e2e_run+='|TestDetachReclaimsSlots|TestAgentRestartAndDown|TestDownRemovesOnlyOwnPins'
-e2e_run+='|TestAdoptRefusesOtherLayout|TestEvents|TestBypassAuto|TestRedis|TestNginx)$'
+e2e_run+='|TestAdoptRefusesOtherLayout|TestEvents|TestBypassAuto|TestRedis|TestNginx'
+e2e_run+='|TestOwnerQuotas|TestCapture|TestServiceDNS|TestAgentMetrics|TestTop|TestDemo)$'
 e2e_run="${SOCKLANE_MATRIX_E2E:-$e2e_run}"
 root="$work/root"
 mkdir -p "$root"/{bin,usr/bin,proc,sys,dev,tmp,run,tests,etc,lib64,sbin}
@@ -96,7 +98,7 @@ for tool in ip ss nft nsenter unshare setpriv sysctl; do
 done
 # Real programs, as users run them, where the host has them (CI installs
 # them): their tests run in the guest too.
-for tool in redis-server redis-benchmark redis-cli nginx curl; do
+for tool in redis-server redis-benchmark redis-cli nginx curl dnsmasq dig tcpdump; do
   src=$(command -v "$tool") || continue
   src=$(readlink -f "$src")
   cp "$src" "$root/usr/bin/$tool"
@@ -111,8 +113,9 @@ xtdir=$(dirname "$(ldd "$xt" | grep -o '/[^ ]*libxtables[^ ]*')")/xtables
 [ -d "$xtdir" ] || xtdir=/usr/lib/x86_64-linux-gnu/xtables
 mkdir -p "$root$xtdir" && cp "$xtdir"/*.so "$root$xtdir/"
 for so in "$root$xtdir"/*.so; do copy_libs "$so"; done
-printf 'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$root/etc/passwd"
-printf 'root:x:0:\nnogroup:x:65534:\n' > "$root/etc/group"
+printf 'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\ntcpdump:x:104:104::/tmp:/bin/false\n' > "$root/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\ntcpdump:x:104:\n' > "$root/etc/group"
+echo "nameserver 127.0.0.1" > "$root/etc/resolv.conf"
 
 cat > "$root/init" <<'INIT'
 #!/bin/sh
@@ -129,6 +132,8 @@ for m in veth bridge br_netfilter nf_tables nft_compat nft_chain_nat nf_nat nft_
   modprobe "$m" || echo "SLK modprobe $m failed"
 done
 ip link set lo up
+# As on a node: the quota attacks open tens of thousands of sockets.
+ulimit -n 1048576
 echo "SLK kernel $(uname -r)"
 rc=0
 for t in /tests/*.test; do
@@ -276,7 +281,7 @@ if [ -n "$doc" ]; then
     echo "(run with \`$e2e_flags\`, and the datapath tests with \`-test.short\`:"
     echo "the guest's CPU is emulated; the host proves the scale). The"
     echo "other end-to-end tests need what the guest does not carry (containerd, a"
-    echo "Kubernetes API server, dnsmasq, tcpdump), do not depend on the kernel"
+    echo "Kubernetes API server), do not depend on the kernel"
     echo "(flag and file validation, metrics exposure) or are benchmarks; the host"
     echo "kernel runs the whole suite. Debian 11's 5.10 lacks"
     echo "what the datapath's programs use: it must be refused by name, with nothing"

@@ -75,7 +75,9 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 		client.IPv4, filepath.Base(client.Cgroup), server.IPv4, bed.Bridge, testbed.BridgeNetfilter())
 
 	pinDir := filepath.Join(o.BPFFS, "socklane-demo-"+strconv.Itoa(os.Getpid()))
-	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: datapath.DefaultVerdictWindow})
+	// The demo shows the bypass: it is on whatever --bypass auto would
+	// decide on this kernel, which the report says.
+	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: datapath.DefaultVerdictWindow, Bypass: datapath.ModeOn})
 	if err != nil {
 		return err
 	}
@@ -85,6 +87,12 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 			o.Log.Warn("removing demo datapath", "err", err)
 		}
 	}()
+	if auto := (datapath.Config{}).Settings(dp.Features()); !auto.Bypass {
+		fmt.Fprintln(w, "note: on this kernel the agent's default (--bypass auto) leaves the bypass off; the demo turns it on to show it:")
+		for _, why := range dp.Features().Decided(auto) {
+			fmt.Fprintln(w, "  "+why)
+		}
+	}
 
 	// Echo server pinned to CPU 0, like the client: one-CPU placement.
 	echo, err := server.Command("taskset", "-c", "0", self, "peer", "echo", "0.0.0.0:7000")

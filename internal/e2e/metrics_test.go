@@ -35,8 +35,11 @@ func TestAgentMetrics(t *testing.T) {
 	var logs lockedBuffer
 	// Verdict window 0: every send is counted at its own verdict, so the
 	// byte counter is exact rather than up to one window behind.
-	agent := exec.Command(in.Bin, "--name", in.Name, "agent", "--cgroup", client.Cgroup, "--cgroup", server.Cgroup,
-		"--metrics-address", addr, "--bpf-stats", "--verdict-window", "0", "--backlog-limit", "67108864")
+	// The instance's settings (--bypass on): the metrics are checked
+	// against bypassed bytes on every kernel, whatever auto would decide.
+	args := append([]string{"--name", in.Name, "agent", "--cgroup", client.Cgroup, "--cgroup", server.Cgroup,
+		"--metrics-address", addr, "--bpf-stats", "--verdict-window", "0", "--backlog-limit", "67108864"}, in.Settings...)
+	agent := exec.Command(in.Bin, args...)
 	agent.Stdout, agent.Stderr = &logs, &logs
 	if err := agent.Start(); err != nil {
 		t.Fatal(err)
