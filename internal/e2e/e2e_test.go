@@ -256,11 +256,13 @@ func (l *lockedBuffer) String() string {
 
 func waitForLog(t *testing.T, logs *lockedBuffer, f func() bool) {
 	t.Helper()
-	for i := 0; i < 200; i++ {
+	// A bound on failure, not a goal: an emulated kernel (the matrix)
+	// takes tens of seconds to open the quota attacks' sockets.
+	for i := 0; i < 1200; i++ {
 		if f() {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("condition never held; log:\n%s", logs.String())
+	t.Fatalf("condition never held in 60s; log:\n%s", logs.String())
 }

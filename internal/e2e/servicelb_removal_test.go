@@ -49,7 +49,7 @@ func startHold(t *testing.T, lb *lbBed, from *testbed.Pod, conns int, args ...st
 			}
 		}
 	}()
-	deadline := time.After(20 * time.Second)
+	deadline := time.After(60 * time.Second) // emulated kernels are slow
 	for {
 		select {
 		case e, ok := <-h.events:
@@ -65,7 +65,7 @@ func startHold(t *testing.T, lb *lbBed, from *testbed.Pod, conns int, args ...st
 				t.Fatalf("socket %d closed before the test began: %s", e.Index, e.Error)
 			}
 		case <-deadline:
-			t.Fatalf("peer hold %v: sockets not open after 20s: %s", args, stderr.String())
+			t.Fatalf("peer hold %v: sockets not open after 60s: %s", args, stderr.String())
 		}
 	}
 }
