@@ -135,7 +135,16 @@ func TestServiceLBEdgeCases(t *testing.T) {
 			select {
 			case r := <-done:
 				running = false
-				if r == nil || len(r.Errors) != 0 || r.Replies["be0"]+r.Replies["be1"] != connects {
+				// A connection whose backend an apply removed between
+				// its connect and its reply is destroyed, as a removed
+				// backend's sockets are (ECONNABORTED); every other
+				// connect is answered.
+				if r == nil {
+					t.Errorf("lbprobe during %d applies gave no report", applies)
+					break
+				}
+				aborted := r.Errors["ECONNABORTED"]
+				if len(r.Errors) != min(aborted, 1) || r.Replies["be0"]+r.Replies["be1"]+aborted != connects || aborted > connects/100 {
 					t.Errorf("connects during %d applies: %+v", applies, r)
 				}
 			default:
