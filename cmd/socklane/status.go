@@ -24,10 +24,10 @@ type statusReport struct {
 	Decided []string `json:"decided,omitempty"`
 	// The settings the running datapath was loaded with (nil: they could
 	// not be read, e.g. from a datapath an older socklane loaded).
-	Settings    *datapath.Settings    `json:"settings,omitempty"`
-	Attachments []datapath.Attachment `json:"attachments"`
-	Sockets     int                   `json:"bypassed_sockets"`
-	Counters    map[string]uint64     `json:"counters"`
+	Settings    *datapath.Settings                `json:"settings,omitempty"`
+	Attachments []datapath.Attachment             `json:"attachments"`
+	Sockets     int                               `json:"bypassed_sockets"`
+	Counters    datapath.Counts[datapath.Counter] `json:"counters"`
 	// Destinations whose recent connections were brief, per network
 	// namespace: from SL_BRIEF_LEARN in a row, their connections stay on TCP.
 	Brief []datapath.BriefDest `json:"brief_destinations"`
@@ -35,9 +35,9 @@ type statusReport struct {
 	// remembers a backend for, and per service the connections (and
 	// unconnected UDP sends) each backend was chosen for and the
 	// no-backend refusals.
-	LBCounters     map[string]uint64 `json:"lb_counters"`
-	TrackedSockets int               `json:"lb_tracked_sockets"`
-	Services       []serviceView     `json:"services"`
+	LBCounters     datapath.Counts[datapath.LBCounter] `json:"lb_counters"`
+	TrackedSockets int                                 `json:"lb_tracked_sockets"`
+	Services       []serviceView                       `json:"services"`
 	// What each owner (a cgroup) may hold of the node-wide tables, and
 	// the owners that were refused entries beyond it.
 	Quotas    datapath.Quotas  `json:"owner_quotas"`
@@ -131,15 +131,17 @@ func newStatusCmd(g *globals) *cobra.Command {
 			for _, a := range rep.Attachments {
 				fmt.Fprintf(w, "attached\t%s\tcgroup id %d\tlink %d\n", a.Path, a.CgroupID, a.LinkID)
 			}
-			for _, k := range slices.Sorted(maps.Keys(rep.Counters)) {
-				fmt.Fprintf(w, "%s\t%d\n", k, rep.Counters[k])
+			counters := rep.Counters.Map()
+			for _, k := range slices.Sorted(maps.Keys(counters)) {
+				fmt.Fprintf(w, "%s\t%d\n", k, counters[k])
 			}
 			for _, b := range rep.Brief {
 				fmt.Fprintf(w, "brief destination\t%s\tnetns %d\tin a row %d\tskipped %d\tprobe 1 in %d\n", b.Dest, b.NetNS, b.InARow, b.Skipped, b.ProbeEvery)
 			}
 			fmt.Fprintf(w, "lb tracked sockets\t%d\n", rep.TrackedSockets)
-			for _, k := range slices.Sorted(maps.Keys(rep.LBCounters)) {
-				fmt.Fprintf(w, "lb %s\t%d\n", k, rep.LBCounters[k])
+			lbCounters := rep.LBCounters.Map()
+			for _, k := range slices.Sorted(maps.Keys(lbCounters)) {
+				fmt.Fprintf(w, "lb %s\t%d\n", k, lbCounters[k])
 			}
 			for _, v := range rep.Services {
 				bes := make([]string, 0, len(v.Selected))

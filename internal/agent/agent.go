@@ -349,7 +349,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			Reclaim(dp, log)
 		case <-tick.C:
 			if c, err := dp.Counters(); err == nil {
-				log.Info("bypass", "conns_bypassed", c["conns_bypassed"], "redirect_bytes", c["redirect_bytes"])
+				log.Info("bypass", "conns_bypassed", c.Get(datapath.CounterConnsBypassed), "redirect_bytes", c.Get(datapath.CounterRedirectBytes))
 			}
 		}
 	}

@@ -526,8 +526,9 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	if err != nil {
 		return s, err
 	}
-	s.Redirected = after["redirect_msgs"] - before["redirect_msgs"]
-	s.BacklogFallbacks = after["fallback_backlog"] - before["fallback_backlog"]
+	d := after.Since(before)
+	s.Redirected = d.Get(datapath.CounterRedirectMsgs)
+	s.BacklogFallbacks = d.Get(datapath.CounterFallbackBacklog)
 	switch {
 	case path == PathBypass && s.Redirected == 0:
 		return s, errors.New("bypass attached, yet no message was redirected")

@@ -156,7 +156,7 @@ func Scrape(ctx context.Context, o ScrapeOptions) (*ScrapeReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n := after["conns_bypassed"] - before["conns_bypassed"]; rep.BypassedSockets < 2*o.Conns || n < uint64(o.Conns) {
+	if n := after.Since(before).Get(datapath.CounterConnsBypassed); rep.BypassedSockets < 2*o.Conns || n < uint64(o.Conns) {
 		return nil, fmt.Errorf("%d sockets in the bypass map and %d connections bypassed, want %d and %d", rep.BypassedSockets, n, 2*o.Conns, o.Conns)
 	}
 	col := metrics.New(dp, nil, nil)

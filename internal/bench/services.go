@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/socklane/socklane/internal/datapath"
 	"net/netip"
 	"os/exec"
 	"strconv"
@@ -241,8 +242,8 @@ func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 	if err != nil {
 		return s, err
 	}
-	selected := lbAfter.Counters["selected"] - lbBefore.Counters["selected"]
-	s.Redirected = after["redirect_msgs"] - before["redirect_msgs"]
+	selected := lbAfter.Counters.Since(lbBefore.Counters).Get(datapath.LBCounterSelected)
+	s.Redirected = after.Since(before).Get(datapath.CounterRedirectMsgs)
 	switch {
 	case s.Redirected != 0:
 		return s, fmt.Errorf("%d messages were bypassed in a load balancing run", s.Redirected)

@@ -191,15 +191,15 @@ func readRing(ctx context.Context, m *ebpf.Map, fn func([]byte) error) error {
 
 // lostEvents sums the two programs' lost-event counters.
 func (d *Datapath) lostEvents() (uint64, error) {
-	c, err := d.counterSums()
+	c, err := d.Counters()
 	if err != nil {
 		return 0, err
 	}
-	lb, err := d.lbCounterSums()
+	lb, err := d.LBCounters()
 	if err != nil {
 		return 0, err
 	}
-	return c[bypassSlCounterSL_C_EVENTS_LOST] + lb[servicelbSlLbCounterSL_LB_EVENTS_LOST], nil
+	return c.Get(bypassSlCounterSL_C_EVENTS_LOST) + lb.Get(servicelbSlLbCounterSL_LB_EVENTS_LOST), nil
 }
 
 // Events turns the event stream on and calls fn with each event until ctx
@@ -282,11 +282,11 @@ type CaptureLoss struct {
 }
 
 func (d *Datapath) captureCounters() (captured uint64, loss CaptureLoss, err error) {
-	c, err := d.counterSums()
+	c, err := d.Counters()
 	if err != nil {
 		return 0, loss, err
 	}
-	return c[bypassSlCounterSL_C_CAPTURED], CaptureLoss{RingFull: c[bypassSlCounterSL_C_CAPTURE_LOST], RateLimited: c[bypassSlCounterSL_C_CAPTURE_RATE_DROPS]}, nil
+	return c.Get(bypassSlCounterSL_C_CAPTURED), CaptureLoss{RingFull: c.Get(bypassSlCounterSL_C_CAPTURE_LOST), RateLimited: c.Get(bypassSlCounterSL_C_CAPTURE_RATE_DROPS)}, nil
 }
 
 // Capture records the payload of bypassed messages matching cfg and calls

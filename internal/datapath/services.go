@@ -348,19 +348,9 @@ type Selection struct {
 
 // LBStats is the load balancer's state as the datapath sees it.
 type LBStats struct {
-	Counters   map[string]uint64 `json:"counters"`
+	Counters   Counts[LBCounter] `json:"counters"`
 	Selections []Selection       `json:"selections"`
 	Refused    map[string]uint64 `json:"refused"` // per frontend
-}
-
-// LBCounters sums the load balancer's per-CPU counters. Keys are
-// LBCounterNames.
-func (d *Datapath) LBCounters() (map[string]uint64, error) {
-	s, err := d.lbCounterSums()
-	if err != nil {
-		return nil, err
-	}
-	return named(s, d.lbCounterNames), nil
 }
 
 // ServiceStats reads the load balancer's counters.

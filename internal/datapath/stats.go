@@ -3,97 +3,11 @@ package datapath
 import (
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/btf"
 	"golang.org/x/sys/unix"
 )
-
-// CounterNames returns the datapath's counter names, indexed by enum
-// sl_counter, read from the object's BTF (the C enum is the only definition).
-func CounterNames() ([]string, error) {
-	spec, err := loadBypass()
-	if err != nil {
-		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
-	}
-	return enumNames(spec, "sl_counter", "SL_C_", len(bypassSlCounters{}.C))
-}
-
-// LBCounterNames is CounterNames for the service load balancer.
-func LBCounterNames() ([]string, error) {
-	spec, err := loadServicelb()
-	if err != nil {
-		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
-	}
-	return enumNames(spec, "sl_lb_counter", "SL_LB_", len(servicelbSlLbCounters{}.C))
-}
-
-// enumNames lower-cases a C enum's value names without their prefix.
-func enumNames(spec *ebpf.CollectionSpec, enum, prefix string, n int) ([]string, error) {
-	var e *btf.Enum
-	if err := spec.Types.TypeByName(enum, &e); err != nil {
-		return nil, fmt.Errorf("finding enum %s: %w", enum, err)
-	}
-	names := make([]string, n)
-	for _, v := range e.Values {
-		if v.Value < uint64(len(names)) {
-			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, prefix))
-		}
-	}
-	return names, nil
-}
-
-// sumCounters reads a per-CPU counter block (one entry, key 0) and sums
-// it over the CPUs: the result is indexed by the counters' C enum.
-func sumCounters[B bypassSlCounters | servicelbSlLbCounters](m *ebpf.Map, counters func(*B) []uint64) ([]uint64, error) {
-	var perCPU []B
-	if err := m.Lookup(uint32(0), &perCPU); err != nil {
-		return nil, fmt.Errorf("reading %s: %w", m, err)
-	}
-	var sum []uint64
-	for i := range perCPU {
-		c := counters(&perCPU[i])
-		if sum == nil {
-			sum = make([]uint64, len(c))
-		}
-		for j, v := range c {
-			sum[j] += v
-		}
-	}
-	return sum, nil
-}
-
-// counterSums is the datapath's counters, indexed by enum sl_counter.
-func (d *Datapath) counterSums() ([]uint64, error) {
-	return sumCounters(d.objs.SlStats, func(b *bypassSlCounters) []uint64 { return b.C[:] })
-}
-
-// lbCounterSums is the load balancer's, indexed by enum sl_lb_counter.
-func (d *Datapath) lbCounterSums() ([]uint64, error) {
-	return sumCounters(d.lb.SlLbStats, func(b *servicelbSlLbCounters) []uint64 { return b.C[:] })
-}
-
-// named keys sums by the names read from the enum at open.
-func named(sums []uint64, names []string) map[string]uint64 {
-	out := make(map[string]uint64, len(names))
-	for i, n := range names {
-		if n != "" && i < len(sums) {
-			out[n] = sums[i]
-		}
-	}
-	return out
-}
-
-// Counters sums the per-CPU counters. Keys are CounterNames.
-func (d *Datapath) Counters() (map[string]uint64, error) {
-	s, err := d.counterSums()
-	if err != nil {
-		return nil, err
-	}
-	return named(s, d.counterNames), nil
-}
 
 // Direction is one direction of a connection.
 type Direction struct {

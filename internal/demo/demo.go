@@ -138,7 +138,7 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 				// Bytes, not messages: under verdict windows one verdict
 				// covers many sends. The echo moves size bytes each way
 				// per round trip; a closed connection's count is exact.
-				moved := after["redirect_bytes"] - before["redirect_bytes"]
+				moved := after.Since(before).Get(datapath.CounterRedirectBytes)
 				if on {
 					results[i].on = append(results[i].on, l)
 					redirected += moved
@@ -170,7 +170,7 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 		return err
 	}
 	fmt.Fprintf(w, "\nkernel counters: %d bytes redirected socket to socket under %d verdicts, %d connections bypassed, %d messages passed to TCP\n",
-		c["redirect_bytes"], c["redirect_msgs"], c["conns_bypassed"], c["pass_msgs"])
+		c.Get(datapath.CounterRedirectBytes), c.Get(datapath.CounterRedirectMsgs), c.Get(datapath.CounterConnsBypassed), c.Get(datapath.CounterPassMsgs))
 	if redirected == 0 {
 		return errors.New("no message was redirected")
 	}

@@ -274,7 +274,7 @@ func (n *node) counters() map[string]uint64 {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	return c
+	return c.Map()
 }
 
 func delta(before, after map[string]uint64) map[string]uint64 {
@@ -344,8 +344,8 @@ func TestServiceLB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lbAfter["selected"]-lbBefore["selected"] < 2 {
-		t.Errorf("load balancer selected %d backends, want 2", lbAfter["selected"]-lbBefore["selected"])
+	if n := lbAfter.Since(lbBefore).Get(datapath.LBCounterSelected); n < 2 {
+		t.Errorf("load balancer selected %d backends, want 2", n)
 	}
 	if d := delta(before, n.counters()); d["conns_bypassed"] < 2 {
 		t.Errorf("service connections bypassed: %v", d)

@@ -17,7 +17,7 @@ import (
 
 // Source is the datapath as the collector reads it.
 type Source interface {
-	Counters() (map[string]uint64, error)
+	Counters() (datapath.Counts[datapath.Counter], error)
 	Sockets() (int, error)
 	ServiceStats() (*datapath.LBStats, error)
 	TrackedSockets() (int, error)
@@ -153,7 +153,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	fail := func(error) { failed = true }
 	if vals, err := c.src.Counters(); err != nil {
 		fail(err)
-	} else if err := c.emitCounters(ch, vals, bypassCounters); err != nil {
+	} else if err := c.emitCounters(ch, vals.Map(), bypassCounters); err != nil {
 		fail(err)
 	}
 	if sockets, tracked, err := c.tableCounts(); err != nil {
@@ -197,7 +197,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (c *Collector) collectServices(ch chan<- prometheus.Metric, st *datapath.LBStats) error {
-	if err := c.emitCounters(ch, st.Counters, lbCounters); err != nil {
+	if err := c.emitCounters(ch, st.Counters.Map(), lbCounters); err != nil {
 		return err
 	}
 	var names map[string]string

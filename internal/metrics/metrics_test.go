@@ -56,18 +56,30 @@ func TestEveryCounterHasMetric(t *testing.T) {
 }
 
 type fakeSource struct {
-	counters map[string]uint64
+	counters datapath.Counts[datapath.Counter]
 	lb       *datapath.LBStats
 	err      error
 }
 
-func (f *fakeSource) Counters() (map[string]uint64, error)     { return f.counters, f.err }
+func (f *fakeSource) Counters() (datapath.Counts[datapath.Counter], error) {
+	return f.counters, f.err
+}
 func (f *fakeSource) Sockets() (int, error)                    { return 4, nil }
 func (f *fakeSource) TrackedSockets() (int, error)             { return 2, nil }
 func (f *fakeSource) ServiceStats() (*datapath.LBStats, error) { return f.lb, nil }
 func (f *fakeSource) Programs() []*ebpf.Program                { return nil }
 func (f *fakeSource) Settings() (datapath.Settings, error) {
 	return datapath.Settings{BacklogLimit: 1 << 20, VerdictWindow: 4096, BypassBrief: true}, nil
+}
+
+// counts builds counters by name; a name the C enum lacks fails the test.
+func counts[K datapath.Counter | datapath.LBCounter](t *testing.T, byName map[string]uint64) datapath.Counts[K] {
+	t.Helper()
+	c, err := datapath.CountsOf[K](byName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func scrape(t *testing.T, c *Collector) (string, map[string]float64) {
@@ -96,9 +108,9 @@ func scrape(t *testing.T, c *Collector) (string, map[string]float64) {
 func TestCollector(t *testing.T) {
 	fe := service.Frontend{VIP: netip.MustParseAddr("198.19.0.10"), Port: 80, Protocol: service.TCP}
 	src := &fakeSource{
-		counters: map[string]uint64{"redirect_bytes": 12345, "fallback_backlog": 3, "established_active": 7},
+		counters: counts[datapath.Counter](t, map[string]uint64{"redirect_bytes": 12345, "fallback_backlog": 3, "established_active": 7}),
 		lb: &datapath.LBStats{
-			Counters:   map[string]uint64{"selected": 9, "err_conns": 1},
+			Counters:   counts[datapath.LBCounter](t, map[string]uint64{"selected": 9, "err_conns": 1}),
 			Selections: []datapath.Selection{{Frontend: fe, Backend: netip.MustParseAddrPort("198.18.1.2:8080"), Count: 9}},
 			Refused:    map[string]uint64{fe.String(): 5},
 		},

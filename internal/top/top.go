@@ -20,7 +20,7 @@ type Sample struct {
 	At       time.Time
 	Conns    []datapath.Conn
 	Services *datapath.LBStats
-	Counters map[string]uint64
+	Counters datapath.Counts[datapath.Counter]
 	Sockets  int
 	// Names maps frontends (service.Frontend.String()) to service names.
 	Names map[string]string
@@ -76,10 +76,11 @@ func Compute(prev, cur Sample, n int) Frame {
 		}
 		return float64(b-a) / secs
 	}
-	f.BypassBytes = rate(prev.Counters["redirect_bytes"], cur.Counters["redirect_bytes"])
-	f.TCPBytes = rate(prev.Counters["pass_bytes"], cur.Counters["pass_bytes"])
-	f.Bypassed = rate(prev.Counters["conns_bypassed"], cur.Counters["conns_bypassed"])
-	f.Decided = f.Bypassed + rate(prev.Counters["conns_tcp"], cur.Counters["conns_tcp"])
+	counter := func(k datapath.Counter) float64 { return rate(prev.Counters.Get(k), cur.Counters.Get(k)) }
+	f.BypassBytes = counter(datapath.CounterRedirectBytes)
+	f.TCPBytes = counter(datapath.CounterPassBytes)
+	f.Bypassed = counter(datapath.CounterConnsBypassed)
+	f.Decided = f.Bypassed + counter(datapath.CounterConnsTCP)
 
 	before := map[connKey]datapath.Conn{}
 	for _, c := range prev.Conns {

@@ -19,13 +19,23 @@ func conn(slot uint32, client string, up, down uint64) datapath.Conn {
 	}
 }
 
+// counts builds counters by name; a name the C enum lacks fails the test.
+func counts(t *testing.T, byName map[string]uint64) datapath.Counts[datapath.Counter] {
+	t.Helper()
+	c, err := datapath.CountsOf[datapath.Counter](byName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func TestCompute(t *testing.T) {
 	fe := service.Frontend{VIP: netip.MustParseAddr("198.19.0.10"), Port: 80, Protocol: service.TCP}
 	be := netip.MustParseAddrPort("198.18.1.3:7000")
 	t0 := time.Unix(1000, 0)
 	prev := Sample{At: t0,
 		Conns:    []datapath.Conn{conn(1, "198.18.1.2:40000", 1000, 1000), conn(2, "198.18.1.4:40001", 0, 0)},
-		Counters: map[string]uint64{"redirect_bytes": 2000, "conns_bypassed": 2},
+		Counters: counts(t, map[string]uint64{"redirect_bytes": 2000, "conns_bypassed": 2}),
 		Services: &datapath.LBStats{Selections: []datapath.Selection{{Frontend: fe, Backend: be, Count: 10}}, Refused: map[string]uint64{fe.String(): 1}},
 	}
 	cur := Sample{At: t0.Add(2 * time.Second), Sockets: 6,
@@ -35,7 +45,7 @@ func TestCompute(t *testing.T) {
 			conn(3, "198.18.1.5:40002", 100, 100),   // new: 100 B/s
 			conn(4, "198.18.1.6:40003", 0, 0),       // idle
 		},
-		Counters: map[string]uint64{"redirect_bytes": 22200, "conns_bypassed": 4},
+		Counters: counts(t, map[string]uint64{"redirect_bytes": 22200, "conns_bypassed": 4}),
 		Services: &datapath.LBStats{Selections: []datapath.Selection{{Frontend: fe, Backend: be, Count: 30}}, Refused: map[string]uint64{fe.String(): 5}},
 		Names:    map[string]string{fe.String(): "default/web"},
 	}
