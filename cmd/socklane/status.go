@@ -9,7 +9,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/spf13/cobra"
@@ -119,9 +118,8 @@ func newStatusCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "kernel bugs\tnot probed: %s\n", rep.Kernel.BugsError)
 			}
 			if rep.Settings != nil {
-				flags := agent.SettingFlags(*rep.Settings)
-				for _, name := range agent.SettingNames() {
-					fmt.Fprintf(w, "setting\t--%s %s\n", name, flags[name])
+				for _, f := range rep.Settings.Flags() {
+					fmt.Fprintf(w, "setting\t--%s %s\n", f.Name, f)
 				}
 				for _, d := range rep.Decided {
 					fmt.Fprintf(w, "decided\t%s\n", d)

@@ -29,24 +29,12 @@ type Config struct {
 	PinName string
 	// Cgroups to attach to; empty means the cgroup v2 root.
 	Cgroups []string
-	// Bypass: "on", "off", or "auto" (default, ""): on unless the
-	// kernel's sockmap has a bug that breaks programs socklane cannot tell
-	// apart (datapath.Config.Bypass).
-	Bypass       string
-	BacklogLimit uint32
-	// BlockingSockets is what happens to connections with an end in
-	// blocking mode: "tcp", "bypass", or "auto" (default, ""): bypass
-	// unless the kernel's blocking reads break under signals.
-	BlockingSockets string
-	// BriefConnections is what happens to connections to a destination
-	// whose recent connections were brief: "tcp" (default) or "bypass".
-	BriefConnections string
-	// VerdictWindow: see datapath.Config.
-	VerdictWindow uint32
-	// SettingsGiven names the settings above that the user gave
-	// (backlog-limit, blocking-sockets, brief-connections,
-	// verdict-window). A running datapath keeps the settings it was
-	// loaded with, so Start refuses given ones it does not have.
+	// Settings a new datapath loads with (datapath.DefaultSettings
+	// unless the flags say otherwise).
+	Settings datapath.Settings
+	// SettingsGiven names (by flag) the settings the user gave. A running
+	// datapath keeps the settings it was loaded with, so Start refuses
+	// given ones it does not have.
 	SettingsGiven []string
 	// ServicesFile, if set, is a YAML service file the agent applies at
 	// start and again whenever its content changes, checked every
@@ -82,19 +70,8 @@ type Config struct {
 
 // Validate checks the settings that do not need the kernel.
 func (c Config) Validate() error {
-	if _, ok := modes(c.Bypass, "on", "off"); !ok {
-		return fmt.Errorf("--bypass %q: want auto, on or off", c.Bypass)
-	}
-	if _, ok := modes(c.BlockingSockets, "bypass", "tcp"); !ok {
-		return fmt.Errorf("--blocking-sockets %q: want auto, tcp or bypass", c.BlockingSockets)
-	}
-	switch c.BriefConnections {
-	case "", "tcp", "bypass":
-	default:
-		return fmt.Errorf("--brief-connections %q: want tcp or bypass", c.BriefConnections)
-	}
-	if c.VerdictWindow > datapath.MaxVerdictWindow {
-		return fmt.Errorf("--verdict-window %d: want at most %d bytes (0 runs a verdict per send)", c.VerdictWindow, datapath.MaxVerdictWindow)
+	if err := c.Settings.Validate(); err != nil {
+		return err
 	}
 	if c.ServicesInterval < 0 || (c.ServicesInterval > 0 && c.ServicesInterval < 10*time.Millisecond) {
 		return fmt.Errorf("--services-interval %s: want at least 10ms", c.ServicesInterval)
@@ -183,12 +160,11 @@ func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
 	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
 		return nil, err
 	}
-	dpCfg := cfg.datapathConfig()
-	dp, err := datapath.Open(dpCfg)
+	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), Settings: cfg.Settings})
 	if err != nil {
 		return nil, err
 	}
-	if err := checkAdopted(dp, dpCfg.Settings(dp.Features()), cfg.SettingsGiven); err != nil {
+	if err := checkAdopted(dp, cfg.Settings.Resolve(dp.Features()), cfg.SettingsGiven); err != nil {
 		dp.Close()
 		return nil, err
 	}

@@ -236,10 +236,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	pinDir := filepath.Join(o.BPFFS, "socklane-bench-"+strconv.Itoa(os.Getpid()))
-	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: o.VerdictWindow,
-		// Measured whatever the kernel's bugs; external tools, and
-		// socklane's own peers with --io blocking, read in blocking mode.
-		Bypass: datapath.ModeOn, BypassBlocking: datapath.ModeOn, BypassBrief: o.BypassBrief})
+	// Measured whatever the kernel's bugs; external tools, and socklane's
+	// own peers with --io blocking, read in blocking mode.
+	settings := datapath.DefaultSettings()
+	settings.Bypass, settings.BypassBlocking, settings.VerdictWindow = datapath.ModeOn, datapath.ModeOn, o.VerdictWindow
+	if o.BypassBrief {
+		settings.BypassBrief = datapath.ModeOn
+	}
+	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, Settings: settings})
 	if err != nil {
 		return nil, err
 	}

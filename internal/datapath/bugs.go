@@ -85,17 +85,17 @@ func (d *Datapath) readBugs() {
 func (f Features) Decided(s Settings) []string {
 	var out []string
 	for _, b := range []string{sockbugs.EpollWakeup, sockbugs.FINLost} {
-		if !s.Bypass && f.Has(b) {
+		if !s.Bypass.On() && f.Has(b) {
 			out = append(out, "bypass off: "+b+" found ("+sockbugs.Describe(b).Effect+"); --bypass on bypasses anyway")
 		}
 	}
-	if !s.Bypass && f.Has(sockbugs.FIONREAD) {
+	if !s.Bypass.On() && f.Has(sockbugs.FIONREAD) {
 		out = append(out, "bypass off: this kernel's FIONREAD answers 0 for redirected bytes (fionread_zero), which hangs programs that size their reads by it (nginx); --bypass on bypasses anyway, on a kernel with "+sockbugs.Describe(sockbugs.FIONREAD).Fix+" it is on")
 	}
-	if !s.Bypass && !f.PsockMsgTotLen {
+	if !s.Bypass.On() && !f.PsockMsgTotLen {
 		out = append(out, "bypass off: this kernel's sk_psock does not count queued bytes, so a slower reader gets no backpressure (its sender's writes fail with ENOMEM once TCP memory is under pressure); --bypass on bypasses anyway")
 	}
-	if !s.BypassBlocking && f.Has(sockbugs.BlockingEAGAIN) {
+	if !s.BypassBlocking.On() && f.Has(sockbugs.BlockingEAGAIN) {
 		out = append(out, "connections with a blocking reader stay on TCP: this kernel answers a blocking read interrupted by a signal with EAGAIN (blocking_read_eagain); --blocking-sockets bypass bypasses them anyway")
 	}
 	return out

@@ -48,50 +48,20 @@ struct sl_enums {
 	enum sl_word word;
 	enum sl_defaults defaults;
 	enum sl_cap_limits cap_limits;
+	enum sl_mode mode;
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
 
-/* 1: the kernel parses the kptr in sl_listener_val (set by the loader from
- * a probe; 6.1 does not, and the branches that use it are then dead code
- * the verifier never sees). */
-const volatile __u32 listener_kptr = 1;
-
-/* 1: connections between managed sockets are bypassed. 0: every one stays
- * on TCP (no socket enters the map, no sk_msg verdict runs): the loader's
- * choice (--bypass auto) on a kernel whose sockmap would break programs
- * socklane cannot tell apart (FIONREAD answering 0 for redirected bytes, no
- * count of queued bytes for the backlog rule, lost epoll wake-ups or FINs;
- * see Config.Settings), unless asked otherwise. */
-const volatile __u32 bypass = 1;
-
-/* Receiver backlog (bytes queued in the peer's socket) above which a
- * direction moves to TCP, whose window then pushes back on the sender.
- * 0 disables the check. Set by the loader from net.ipv4.tcp_rmem[2]. */
-const volatile __u32 backlog_limit = SL_DEFAULT_BACKLOG_LIMIT;
-
-/* 1: a connection with an end that reads in blocking mode stays on TCP.
- * The kernel's sockmap receive path (tcp_bpf_recvmsg) answers a blocking
- * read that a signal interrupts with EAGAIN instead of restarting it, which
- * plain TCP never does. 0: bypass them anyway. */
-const volatile __u32 blocking_tcp = 1;
-
-/* Sends smaller than this many bytes redirect under one verdict for the
- * next verdict_window bytes (bpf_msg_apply_bytes): the kernel then moves
- * them without running sl_msg, which is most of a small send's cost. The
- * program runs again once the window is used up, so every decision (backlog,
- * fallback) is at most one window late. A direction's first send never
- * opens one: its verdict count is exact up to there, which is what tells a
- * brief connection. 0: a verdict per send. */
-const volatile __u32 verdict_window = 4096;
-
-/* Brief connections (one request, one reply, close) gain nothing from the
- * bypass and pay for joining it: two psocks and their map entries set up
- * and torn down, tens of microseconds on a connection that costs a hundred
- * or two. So do connections to a remote or unmanaged server, whose client
- * joins and leaves alone. 1: learn, per client network namespace and
- * destination, which connections these are and leave them on TCP (see
- * SL_BRIEF_* in sl_consts.h). 0: every connection joins. */
-const volatile __u32 brief_learn = 1;
+/* The load-time settings (struct sl_config in sl_structs.h): these are
+ * what a datapath loads with unless the loader says otherwise. */
+const volatile struct sl_config sl_settings = {
+	.bypass = SL_MODE_ON,
+	.backlog_limit = SL_DEFAULT_BACKLOG_LIMIT,
+	.verdict_window = SL_DEFAULT_VERDICT_WINDOW,
+	.bypass_blocking = SL_MODE_OFF,
+	.bypass_brief = SL_MODE_OFF,
+	.listener_kptr = 1,
+};
 
 static __always_inline int is_loopback(const __u32 ip[4])
 {
@@ -208,7 +178,7 @@ static __always_inline int listener_blocks(struct sl_conn *c)
 		return -1;
 	if (v->info.accepted != SL_ACCEPTED_UNKNOWN)
 		return v->info.accepted == SL_ACCEPTED_BLOCKING;
-	if (listener_kptr && v->sk)
+	if (sl_settings.listener_kptr && v->sk)
 		return sock_blocking(v->sk) == 1;
 	if (v->info.listened == SL_ACCEPTED_UNKNOWN)
 		return -1;
@@ -260,7 +230,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	}
 	__u64 netns = bpf_get_netns_cookie(skops);
-	__u32 skip = brief_learn ? brief_skip(&t, netns) : 0;
+	__u32 skip = sl_settings.bypass_brief != SL_MODE_ON ? brief_skip(&t, netns) : 0;
 	if (skip) {
 		count(skip, 1);
 		return;
@@ -391,8 +361,8 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	 * joins means its first read never runs in the sockmap's receive path.
 	 * A listener not known keeps it on TCP too, and is learned from this
 	 * socket at its first transmit after accept(). */
-	int lb = blocking_tcp ? listener_blocks(c) : 0;
-	if (blocking_tcp && (sock_blocking(member_sock(slot, SL_ROLE_CLIENT)) == 1 || lb)) {
+	int lb = sl_settings.bypass_blocking != SL_MODE_ON ? listener_blocks(c) : 0;
+	if (sl_settings.bypass_blocking != SL_MODE_ON && (sock_blocking(member_sock(slot, SL_ROLE_CLIENT)) == 1 || lb)) {
 		__u32 why = lb < 0 ? SL_C_FALLBACK_NO_LISTENER : SL_C_FALLBACK_BLOCKING;
 		if (lb < 0) {
 			st->learn = 1;
@@ -467,7 +437,7 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 	}
 	pv->info.cookie = bpf_get_socket_cookie(skops);
 	pv->info.listened = listened;
-	if (listener_kptr)
+	if (sl_settings.listener_kptr)
 		pv->sk = lsk;
 	pv->info.accepted = SL_ACCEPTED_UNKNOWN;
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, 0);
@@ -525,7 +495,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 				bpf_map_delete_elem(&sl_conn_index, &c->client);
 		}
 		if (word_gen(c->word) == st->gen) {
-			if (brief_learn && st->role == SL_ROLE_CLIENT)
+			if (sl_settings.bypass_brief != SL_MODE_ON && st->role == SL_ROLE_CLIENT)
 				brief_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
 			struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &st->slot);
@@ -605,7 +575,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 SEC("sockops")
 int sl_sockops(struct bpf_sock_ops *skops)
 {
-	if (!bypass) {
+	if (sl_settings.bypass != SL_MODE_ON) {
 		if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB)
 			count(SL_C_FALLBACK_BYPASS_OFF, 1);
 		return 1;
@@ -675,7 +645,7 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 		/* An end that reads in blocking mode (the server, or the
 		 * client switched to blocking after connect(), as hiredis
 		 * does). */
-		if (blocking_tcp && (server_blocks(c, st->slot) ||
+		if (sl_settings.bypass_blocking != SL_MODE_ON && (server_blocks(c, st->slot) ||
 				     (tp && sock_blocking((struct sock *)tp) == 1))) {
 			leave_for_blocking(st, c);
 			return;
@@ -712,7 +682,7 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c)
 {
 	st->checked = 1;
-	if (!blocking_tcp || c->path[SL_ROLE_SERVER] == SL_PATH_TCP)
+	if (sl_settings.bypass_blocking == SL_MODE_ON || c->path[SL_ROLE_SERVER] == SL_PATH_TCP)
 		return;
 	int b = sock_blocking((struct sock *)bpf_skc_to_tcp_sock(msg->sk));
 	if (b < 0)
@@ -732,13 +702,13 @@ static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *
  * The time is read only while over the limit. */
 static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role)
 {
-	if (!backlog_limit)
+	if (!sl_settings.backlog_limit)
 		return 0;
 	struct sock *peer = member_sock(st->slot, peer_role);
 	if (!peer)
 		return 0;
 	__u64 queued = queued_bytes(peer);
-	__u64 limit = backlog_limit;
+	__u64 limit = sl_settings.backlog_limit;
 	int rcvbuf = peer->sk_rcvbuf;
 	if (rcvbuf > 0 && (__u64)rcvbuf > limit)
 		limit = rcvbuf;
@@ -796,9 +766,9 @@ int sl_msg(struct sk_msg_md *msg)
 				 * that every send is seen. */
 				struct sl_capture_cfg *cap = capture_of(c);
 				__u64 window = 0;
-				if (!cap && verdict_window && len < verdict_window && c->msgs[dir] &&
-				    !bpf_msg_apply_bytes(msg, verdict_window)) {
-					st->win_left = verdict_window - len;
+				if (!cap && sl_settings.verdict_window && len < sl_settings.verdict_window && c->msgs[dir] &&
+				    !bpf_msg_apply_bytes(msg, sl_settings.verdict_window)) {
+					st->win_left = sl_settings.verdict_window - len;
 					window = 1;
 				}
 				if (cap)

@@ -45,6 +45,16 @@ type bypassSlCaptureCfg struct {
 	Pad     uint32
 }
 
+type bypassSlConfig struct {
+	_              structs.HostLayout
+	Bypass         bypassSlMode
+	BacklogLimit   uint32
+	VerdictWindow  uint32
+	BypassBlocking bypassSlMode
+	BypassBrief    bypassSlMode
+	ListenerKptr   uint32
+}
+
 type bypassSlConn struct {
 	_           structs.HostLayout
 	Client      bypassSlTuple
@@ -123,7 +133,9 @@ type bypassSlCounters struct {
 type bypassSlDefaults uint32
 
 const (
-	bypassSlDefaultsSL_DEFAULT_BACKLOG_LIMIT bypassSlDefaults = 6291456
+	bypassSlDefaultsSL_DEFAULT_BACKLOG_LIMIT  bypassSlDefaults = 6291456
+	bypassSlDefaultsSL_DEFAULT_VERDICT_WINDOW bypassSlDefaults = 4096
+	bypassSlDefaultsSL_MAX_VERDICT_WINDOW     bypassSlDefaults = 1048576
 )
 
 type bypassSlDest struct {
@@ -220,6 +232,14 @@ type bypassSlListenerInfo struct {
 	Accepted uint32
 	Listened uint32
 }
+
+type bypassSlMode uint32
+
+const (
+	bypassSlModeSL_MODE_AUTO bypassSlMode = 0
+	bypassSlModeSL_MODE_ON   bypassSlMode = 1
+	bypassSlModeSL_MODE_OFF  bypassSlMode = 2
+)
 
 type bypassSlOwner struct {
 	_                structs.HostLayout
@@ -333,13 +353,8 @@ const (
 	bypassProgSlRelease      = "sl_release"
 	bypassProgSlSeedListener = "sl_seed_listener"
 	bypassProgSlSockops      = "sl_sockops"
-	bypassVarBacklogLimit    = "backlog_limit"
-	bypassVarBlockingTcp     = "blocking_tcp"
-	bypassVarBriefLearn      = "brief_learn"
-	bypassVarBypass          = "bypass"
-	bypassVarListenerKptr    = "listener_kptr"
 	bypassVarSlEnumsUnused   = "sl_enums_unused"
-	bypassVarVerdictWindow   = "verdict_window"
+	bypassVarSlSettings      = "sl_settings"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -419,13 +434,8 @@ type bypassMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassVariableSpecs struct {
-	BacklogLimit  *ebpf.VariableSpec `ebpf:"backlog_limit"`
-	BlockingTcp   *ebpf.VariableSpec `ebpf:"blocking_tcp"`
-	BriefLearn    *ebpf.VariableSpec `ebpf:"brief_learn"`
-	Bypass        *ebpf.VariableSpec `ebpf:"bypass"`
-	ListenerKptr  *ebpf.VariableSpec `ebpf:"listener_kptr"`
 	SlEnumsUnused *ebpf.VariableSpec `ebpf:"sl_enums_unused"`
-	VerdictWindow *ebpf.VariableSpec `ebpf:"verdict_window"`
+	SlSettings    *ebpf.VariableSpec `ebpf:"sl_settings"`
 }
 
 // bypassObjects contains all objects after they have been loaded into the kernel.
@@ -495,13 +505,8 @@ func (m *bypassMaps) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassVariables struct {
-	BacklogLimit  *ebpf.Variable `ebpf:"backlog_limit"`
-	BlockingTcp   *ebpf.Variable `ebpf:"blocking_tcp"`
-	BriefLearn    *ebpf.Variable `ebpf:"brief_learn"`
-	Bypass        *ebpf.Variable `ebpf:"bypass"`
-	ListenerKptr  *ebpf.Variable `ebpf:"listener_kptr"`
 	SlEnumsUnused *ebpf.Variable `ebpf:"sl_enums_unused"`
-	VerdictWindow *ebpf.Variable `ebpf:"verdict_window"`
+	SlSettings    *ebpf.Variable `ebpf:"sl_settings"`
 }
 
 // bypassPrograms contains all programs after they have been loaded into the kernel.

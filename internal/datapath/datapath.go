@@ -30,43 +30,15 @@ const (
 	hookSockops = "sockops"
 )
 
-// Config says where the datapath lives and how it behaves.
+// Config says where the datapath lives and what a new load of it asks for.
 type Config struct {
 	// PinDir is the directory on a bpf filesystem holding every pinned
 	// object of this datapath instance.
 	PinDir string
-	// BacklogLimit is the receiver backlog in bytes above which a
-	// direction moves to TCP. 0 picks net.ipv4.tcp_rmem's maximum.
-	BacklogLimit uint32
-	// Bypass: connections between managed sockets are bypassed. Auto (the
-	// default): unless the kernel's FIONREAD answers 0 for redirected
-	// bytes (sockbugs.FIONREAD), which hangs programs that size their
-	// reads by it (nginx) and which socklane cannot tell apart.
-	Bypass Mode
-	// BypassBlocking bypasses connections whose ends read in blocking mode.
-	// Auto (the default): unless the kernel's sockmap receive path turns a
-	// blocking read interrupted by a signal into EAGAIN, which plain TCP
-	// never does (sockbugs.BlockingEAGAIN).
-	BypassBlocking Mode
-	// BypassBrief bypasses every connection. Off by default: connections
-	// to a destination whose recent connections from the same network
-	// namespace were brief (one send each way, then close) stay on TCP,
-	// where they are cheaper; probes still join, one in SL_BRIEF_PROBE
-	// at first, backing off to one in SL_BRIEF_PROBE_MAX.
-	BypassBrief bool
-	// VerdictWindow: a send smaller than this many bytes redirects under
-	// one verdict for the next VerdictWindow bytes, which the kernel then
-	// moves without running sl_msg (from a direction's second send on).
-	// 0 runs a verdict per send.
-	VerdictWindow uint32
+	// Settings a new load asks for (DefaultSettings when zero is not
+	// meant); an adopted datapath keeps those it was loaded with.
+	Settings Settings
 }
-
-// DefaultVerdictWindow amortises sl_msg over small sends while keeping
-// backlog and fallback decisions within 4 KiB of where they fall.
-const DefaultVerdictWindow = 4096
-
-// MaxVerdictWindow bounds VerdictWindow.
-const MaxVerdictWindow = 1 << 20
 
 // Datapath is a loaded (fresh or adopted) bypass datapath.
 type Datapath struct {
@@ -134,7 +106,12 @@ func Open(cfg Config) (*Datapath, error) {
 	return d, nil
 }
 
-func loadSpec(cfg Config, f *Features, settings Settings) (*ebpf.CollectionSpec, error) {
+// loadSpec is the embedded object adapted to the kernel, its maps pinned
+// by name and its settings those of want as resolved there.
+func loadSpec(f *Features, want Settings) (*ebpf.CollectionSpec, error) {
+	if err := want.Validate(); err != nil {
+		return nil, err
+	}
 	spec, err := loadBypass()
 	if err != nil {
 		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
@@ -147,10 +124,7 @@ func loadSpec(cfg Config, f *Features, settings Settings) (*ebpf.CollectionSpec,
 			m.Pinning = ebpf.PinByName
 		}
 	}
-	if cfg.VerdictWindow > MaxVerdictWindow {
-		return nil, fmt.Errorf("verdict window %d bytes is over the maximum of %d", cfg.VerdictWindow, MaxVerdictWindow)
-	}
-	if err := settings.set(spec); err != nil {
+	if err := want.Resolve(*f).set(spec); err != nil {
 		return nil, err
 	}
 	return spec, nil
@@ -160,7 +134,7 @@ func create(cfg Config, f Features) (*Datapath, error) {
 	// The sockmap bugs decide the settings left to the kernel: found
 	// first, in a network namespace of their own, recorded once loaded.
 	f.setBugs(sockbugs.Detect())
-	spec, err := loadSpec(cfg, &f, cfg.Settings(f))
+	spec, err := loadSpec(&f, cfg.Settings)
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +197,7 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 	}
 	// Only the pinned maps are taken from the spec: the programs, and
 	// the settings they were loaded with, are the running ones.
-	spec, err := loadSpec(cfg, &f, cfg.Settings(f))
+	spec, err := loadSpec(&f, cfg.Settings)
 	if err != nil {
 		return nil, err
 	}

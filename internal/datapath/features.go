@@ -154,11 +154,6 @@ func (f *Features) adapt(spec *ebpf.CollectionSpec) error {
 	if f.HashKptr, err = listenerKptr(spec); err != nil {
 		return err
 	}
-	if !f.HashKptr {
-		if err := spec.Variables[bypassVarListenerKptr].Set(uint32(0)); err != nil {
-			return fmt.Errorf("setting listener_kptr: %w", err)
-		}
-	}
 	return nil
 }
 

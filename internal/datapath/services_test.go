@@ -18,7 +18,7 @@ import (
 
 func testDatapath(t *testing.T) *Datapath {
 	t.Helper()
-	return testDatapathWith(t, Config{PinDir: filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-dp-%d", os.Getpid())), Bypass: ModeOn})
+	return testDatapathWith(t, Config{PinDir: filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-dp-%d", os.Getpid())), Settings: Settings{Bypass: ModeOn, VerdictWindow: DefaultVerdictWindow}})
 }
 
 // testDatapathWith loads a datapath with cfg, removed when the test ends.

@@ -2,135 +2,298 @@ package datapath
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/socklane/socklane/internal/sockbugs"
 )
 
-// Settings are a datapath's load-time settings: the const volatile
-// globals of bypass.c, fixed when its programs load.
-type Settings struct {
-	// Bypass: connections between managed sockets are bypassed (else
-	// all stay on TCP).
-	Bypass bool `json:"bypass"`
-	// BacklogLimit in bytes (Config.BacklogLimit, 0 resolved).
-	BacklogLimit   uint32 `json:"backlog_limit"`
-	VerdictWindow  uint32 `json:"verdict_window"`
-	BypassBlocking bool   `json:"bypass_blocking"`
-	BypassBrief    bool   `json:"bypass_brief"`
-}
+// Settings are a datapath's load-time settings: struct sl_config
+// (sl_structs.h) as bpf2go generates it, the one const volatile of
+// bypass.c. The same value carries a request from flag parsing (Flags) to
+// the loader, which resolves what is left to the kernel (Resolve) and
+// writes it into the programs' read-only data, and comes back from there
+// (Datapath.Settings) to be compared field by field (Differs).
+type Settings = bypassSlConfig
 
 // Mode is a setting that is on, off, or decided by what the kernel's
-// sockmap gets wrong (ModeAuto, the zero value).
-type Mode uint8
+// sockmap gets wrong (ModeAuto, the zero value): enum sl_mode.
+type Mode = bypassSlMode
 
+// The modes.
 const (
-	ModeAuto Mode = iota
-	ModeOn
-	ModeOff
+	ModeAuto = bypassSlModeSL_MODE_AUTO
+	ModeOn   = bypassSlModeSL_MODE_ON
+	ModeOff  = bypassSlModeSL_MODE_OFF
 )
+
+// Verdict window bounds (enum sl_defaults).
+const (
+	DefaultVerdictWindow = uint32(bypassSlDefaultsSL_DEFAULT_VERDICT_WINDOW)
+	MaxVerdictWindow     = uint32(bypassSlDefaultsSL_MAX_VERDICT_WINDOW)
+)
+
+// DefaultSettings are what a load asks for when nothing is given: the
+// bypass and blocking readers left to the kernel's bugs, the backlog limit
+// to net.ipv4.tcp_rmem, the default verdict window, brief connections
+// learnt and left on TCP.
+func DefaultSettings() Settings {
+	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff}
+}
+
+// On reports whether a resolved mode is on.
+func (m Mode) On() bool { return m == ModeOn }
 
 // resolve is m, or for ModeAuto whether the kernel is fit. A kernel
 // whose bugs could not be probed counts as having them.
-func (m Mode) resolve(f Features, fit bool) bool {
-	switch m {
-	case ModeOn:
-		return true
-	case ModeOff:
-		return false
+func (m Mode) resolve(f Features, fit bool) Mode {
+	if m == ModeAuto {
+		if f.BugsError == "" && fit {
+			return ModeOn
+		}
+		return ModeOff
 	}
-	return f.BugsError == "" && fit
+	return m
 }
 
-// Settings returns what a datapath loaded with cfg gets on a kernel with
-// features f (and the sockmap bugs found there). Bypass auto needs
+// Resolve is what a datapath loaded with the request s gets on a kernel
+// with features f (and the sockmap bugs found there). Bypass auto needs
 // FIONREAD to count redirected bytes, sk_psock to count queued ones (the
 // backlog rule, the bypass's only backpressure), and epoll wake-ups and
 // FINs that work: the bugs that break programs socklane cannot tell apart.
-func (cfg Config) Settings(f Features) Settings {
-	s := Settings{
-		Bypass: cfg.Bypass.resolve(f, f.PsockMsgTotLen && !f.Has(sockbugs.FIONREAD) &&
-			!f.Has(sockbugs.EpollWakeup) && !f.Has(sockbugs.FINLost)),
-		BacklogLimit:   cfg.BacklogLimit,
-		VerdictWindow:  cfg.VerdictWindow,
-		BypassBlocking: cfg.BypassBlocking.resolve(f, !f.Has(sockbugs.BlockingEAGAIN)),
-		BypassBrief:    cfg.BypassBrief,
+func (s Settings) Resolve(f Features) Settings {
+	s.Bypass = s.Bypass.resolve(f, f.PsockMsgTotLen && !f.Has(sockbugs.FIONREAD) &&
+		!f.Has(sockbugs.EpollWakeup) && !f.Has(sockbugs.FINLost))
+	s.BypassBlocking = s.BypassBlocking.resolve(f, !f.Has(sockbugs.BlockingEAGAIN))
+	if s.BypassBrief == ModeAuto {
+		s.BypassBrief = ModeOff
 	}
 	if s.BacklogLimit == 0 {
 		s.BacklogLimit = tcpRmemMax()
 	}
+	s.ListenerKptr = 0
+	if f.HashKptr {
+		s.ListenerKptr = 1
+	}
 	return s
 }
 
-// globals are the settings as bypass.c holds them: blocking_tcp and
-// brief_learn are the negations of the bypass modes.
-type globals struct {
-	bypass, backlogLimit, verdictWindow, blockingTCP, briefLearn uint32
+// setting is one user setting: its flag, where it lives in Settings, and
+// how its flag spells it.
+type setting struct {
+	name, usage string
+	// mode is a mode setting's field, with its flag's words for each mode
+	// (a mode without a word is not accepted).
+	mode  func(*Settings) *Mode
+	words map[Mode]string
+	// bytes is a number of bytes' field, at most max (0: any).
+	bytes func(*Settings) *uint32
+	max   uint32
 }
 
-func (s Settings) globals() globals {
-	return globals{boolWord(s.Bypass), s.BacklogLimit, s.VerdictWindow, boolWord(!s.BypassBlocking), boolWord(!s.BypassBrief)}
-}
-
-func (g globals) settings() Settings {
-	return Settings{Bypass: g.bypass != 0, BacklogLimit: g.backlogLimit, VerdictWindow: g.verdictWindow, BypassBlocking: g.blockingTCP == 0, BypassBrief: g.briefLearn == 0}
-}
-
-// fields pairs each global's variable spec with its value in g.
-func (g *globals) fields(vs *bypassVariableSpecs) []struct {
-	spec *ebpf.VariableSpec
-	v    *uint32
-} {
-	return []struct {
-		spec *ebpf.VariableSpec
-		v    *uint32
-	}{
-		{vs.Bypass, &g.bypass},
-		{vs.BacklogLimit, &g.backlogLimit},
-		{vs.VerdictWindow, &g.verdictWindow},
-		{vs.BlockingTcp, &g.blockingTCP},
-		{vs.BriefLearn, &g.briefLearn},
+// settingTable lists the user settings in flag order.
+func settingTable() []setting {
+	return []setting{
+		{name: "bypass", mode: func(s *Settings) *Mode { return &s.Bypass }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "on", ModeOff: "off"},
+			usage: "bypass connections between managed sockets: on, off (all stay on TCP; services, events and metrics still work), or auto (off where the kernel's FIONREAD answers 0 for redirected bytes, which hangs programs that size their reads by it, or where its sockmap loses wake-ups or FINs; found by behaviour at load)"},
+		{name: "backlog-limit", bytes: func(s *Settings) *uint32 { return &s.BacklogLimit },
+			usage: "receiver backlog in bytes (at least the receiver's SO_RCVBUF) above which, for about 50 ms or at once above twice it, a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)"},
+		{name: "blocking-sockets", mode: func(s *Settings) *Mode { return &s.BypassBlocking }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "bypass", ModeOff: "tcp"},
+			usage: "connections with an end reading in blocking mode: tcp, bypass, or auto (tcp where the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN, found by behaviour at load)"},
+		{name: "brief-connections", mode: func(s *Settings) *Mode { return &s.BypassBrief }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
+			usage: "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass"},
+		{name: "verdict-window", bytes: func(s *Settings) *uint32 { return &s.VerdictWindow }, max: MaxVerdictWindow,
+			usage: "sends smaller than this many bytes redirect under one verdict for the next this-many bytes (0: a verdict per send)"},
 	}
 }
 
-func boolWord(b bool) uint32 {
-	if b {
-		return 1
+// SettingNames lists the settings' flag names.
+func SettingNames() []string {
+	var out []string
+	for _, st := range settingTable() {
+		out = append(out, st.name)
 	}
-	return 0
+	return out
 }
 
-// set writes s into the globals of spec.
-func (s Settings) set(spec *ebpf.CollectionSpec) error {
-	l, err := layoutOf(spec)
+// format spells st's value in s as its flag does.
+func (st setting) format(s *Settings) string {
+	if st.mode != nil {
+		if w, ok := st.words[*st.mode(s)]; ok {
+			return w
+		}
+		return fmt.Sprintf("mode(%d)", *st.mode(s))
+	}
+	return strconv.FormatUint(uint64(*st.bytes(s)), 10)
+}
+
+// spelling lists the words st's flag takes.
+func (st setting) spelling() string {
+	var ws []string
+	for _, m := range []Mode{ModeAuto, ModeOn, ModeOff} {
+		if w, ok := st.words[m]; ok {
+			ws = append(ws, w)
+		}
+	}
+	return strings.Join(ws, ", ")
+}
+
+// parse sets st in s from its flag's value.
+func (st setting) parse(s *Settings, v string) error {
+	if st.mode != nil {
+		for m, w := range st.words {
+			if w == v {
+				*st.mode(s) = m
+				return nil
+			}
+		}
+		return fmt.Errorf("want one of %s", st.spelling())
+	}
+	n, err := strconv.ParseUint(v, 10, 32)
 	if err != nil {
-		return err
+		return errors.New("want a number of bytes")
 	}
-	g := s.globals()
-	for _, f := range g.fields(&l.vars) {
-		if err := f.spec.Set(*f.v); err != nil {
-			return fmt.Errorf("setting %s: %w", f.spec.Name, err)
+	*st.bytes(s) = uint32(n)
+	return st.check(s)
+}
+
+// check reports a value of st in s that cannot load (ModeAuto always
+// can: Resolve decides it).
+func (st setting) check(s *Settings) error {
+	if st.mode != nil {
+		if _, ok := st.words[*st.mode(s)]; !ok && *st.mode(s) != ModeAuto {
+			return fmt.Errorf("mode %d: want one of %s", *st.mode(s), st.spelling())
+		}
+		return nil
+	}
+	if n := *st.bytes(s); st.max != 0 && n > st.max {
+		return fmt.Errorf("want at most %d bytes", st.max)
+	}
+	return nil
+}
+
+// Validate checks every setting of a request.
+func (s Settings) Validate() error {
+	for _, st := range settingTable() {
+		if err := st.check(&s); err != nil {
+			return fmt.Errorf("--%s %s: %w", st.name, st.format(&s), err)
 		}
 	}
 	return nil
 }
 
-// settingsLayout is where the settings' globals live: their variable
-// specs (offsets and sizes) and the read-only data map holding them.
+// SettingFlag is one setting of a Settings as a command-line flag: a
+// pflag.Value that parses into the field and prints it.
+type SettingFlag struct {
+	Name, Usage string
+	st          setting
+	s           *Settings
+}
+
+func (f SettingFlag) String() string     { return f.st.format(f.s) }
+func (f SettingFlag) Set(v string) error { return f.st.parse(f.s, v) }
+func (f SettingFlag) Type() string {
+	if f.st.mode != nil {
+		return "mode"
+	}
+	return "bytes"
+}
+
+// Flags are s's settings as flags, bound to s.
+func (s *Settings) Flags() []SettingFlag {
+	var out []SettingFlag
+	for _, st := range settingTable() {
+		out = append(out, SettingFlag{Name: st.name, Usage: st.usage, st: st, s: s})
+	}
+	return out
+}
+
+// SettingDiff is a setting that differs between two Settings.
+type SettingDiff struct{ Name, Have, Want string }
+
+// Differs returns the first setting among given (flag names) on which s
+// and want differ.
+func (s Settings) Differs(want Settings, given []string) (SettingDiff, bool) {
+	for _, st := range settingTable() {
+		for _, g := range given {
+			if g == st.name && st.format(&s) != st.format(&want) {
+				return SettingDiff{Name: st.name, Have: st.format(&s), Want: st.format(&want)}, true
+			}
+		}
+	}
+	return SettingDiff{}, false
+}
+
+// MarshalJSON writes the user settings keyed by flag name, as the flags
+// spell them (numbers of bytes as numbers).
+func (s Settings) MarshalJSON() ([]byte, error) {
+	out := map[string]any{}
+	for _, st := range settingTable() {
+		if st.mode != nil {
+			out[st.name] = st.format(&s)
+		} else {
+			out[st.name] = *st.bytes(&s)
+		}
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote; a setting left out keeps
+// its value.
+func (s *Settings) UnmarshalJSON(b []byte) error {
+	var in map[string]json.RawMessage
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	for _, st := range settingTable() {
+		raw, ok := in[st.name]
+		if !ok {
+			continue
+		}
+		var v string
+		if st.mode != nil {
+			if err := json.Unmarshal(raw, &v); err != nil {
+				return fmt.Errorf("setting %s: %w", st.name, err)
+			}
+		} else {
+			v = string(raw)
+		}
+		if err := st.parse(s, v); err != nil {
+			return fmt.Errorf("setting %s %s: %w", st.name, raw, err)
+		}
+	}
+	return nil
+}
+
+// set writes s into the settings global of spec.
+func (s Settings) set(spec *ebpf.CollectionSpec) error {
+	v, ok := spec.Variables[bypassVarSlSettings]
+	if !ok {
+		return fmt.Errorf("the datapath object has no %s", bypassVarSlSettings)
+	}
+	if err := v.Set(s); err != nil {
+		return fmt.Errorf("setting %s: %w", bypassVarSlSettings, err)
+	}
+	return nil
+}
+
+// settingsLayout is where the settings live: their variable spec (offset
+// and size) and the read-only data map holding them.
 type settingsLayout struct {
-	vars   bypassVariableSpecs
+	v      *ebpf.VariableSpec
 	rodata *ebpf.MapSpec
 }
 
 func layoutOf(spec *ebpf.CollectionSpec) (settingsLayout, error) {
-	var l settingsLayout
-	if err := spec.Assign(&l.vars); err != nil {
-		return l, fmt.Errorf("finding the datapath's settings: %w", err)
+	v, ok := spec.Variables[bypassVarSlSettings]
+	if !ok {
+		return settingsLayout{}, fmt.Errorf("finding the datapath's settings: no %s", bypassVarSlSettings)
 	}
-	l.rodata = spec.Maps[l.vars.VerdictWindow.SectionName]
-	return l, nil
+	return settingsLayout{v: v, rodata: spec.Maps[v.SectionName]}, nil
 }
 
 // Settings reads the settings the running datapath was loaded with, from
@@ -141,15 +304,16 @@ func (d *Datapath) Settings() (Settings, error) {
 	if err != nil {
 		return Settings{}, err
 	}
-	var g globals
-	for _, f := range g.fields(&d.layout.vars) {
-		end := int(f.spec.Offset) + 4
-		if f.spec.Size() != 4 || end > len(data) {
-			return Settings{}, fmt.Errorf("reading %s: not a 4-byte global inside %d bytes of read-only data", f.spec.Name, len(data))
-		}
-		*f.v = binary.NativeEndian.Uint32(data[f.spec.Offset:end])
+	var s Settings
+	v := d.layout.v
+	end := int(v.Offset) + int(v.Size())
+	if int(v.Size()) != binary.Size(s) || end > len(data) {
+		return Settings{}, fmt.Errorf("reading %s: not a %d-byte struct inside %d bytes of read-only data", v.Name, binary.Size(s), len(data))
 	}
-	return g.settings(), nil
+	if _, err := binary.Decode(data[v.Offset:end], binary.NativeEndian, &s); err != nil {
+		return Settings{}, fmt.Errorf("decoding %s: %w", v.Name, err)
+	}
+	return s, nil
 }
 
 // rodata finds the read-only data map sl_msg runs with (the one shaped

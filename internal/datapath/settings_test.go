@@ -1,9 +1,11 @@
 package datapath
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/socklane/socklane/internal/sockbugs"
@@ -14,20 +16,27 @@ import (
 // with other settings asked for (adoption keeps what was loaded).
 func TestSettingsReadBack(t *testing.T) {
 	for i, want := range []Settings{
-		{Bypass: true, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow},
-		{Bypass: true, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: true},
-		{Bypass: false, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBrief: true},
-		{Bypass: true, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: true, BypassBrief: true},
+		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff},
+		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff},
+		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn},
+		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
-			cfg := Config{PinDir: dir, Bypass: mode(want.Bypass), BacklogLimit: want.BacklogLimit, VerdictWindow: want.VerdictWindow,
-				BypassBlocking: mode(want.BypassBlocking), BypassBrief: want.BypassBrief}
-			dp := testDatapathWith(t, cfg)
-			if got, err := dp.Settings(); err != nil || got != want {
-				t.Fatalf("loaded: settings %+v, %v; want %+v", got, err, want)
+			dp := testDatapathWith(t, Config{PinDir: dir, Settings: want})
+			got, err := dp.Settings()
+			if err != nil {
+				t.Fatal(err)
 			}
-			other := Config{PinDir: dir, Bypass: mode(!want.Bypass), BacklogLimit: 99, VerdictWindow: 8, BypassBlocking: mode(!want.BypassBlocking), BypassBrief: !want.BypassBrief}
+			want.ListenerKptr = got.ListenerKptr // the kernel's, checked below
+			if got != want {
+				t.Fatalf("loaded: settings %+v; want %+v", got, want)
+			}
+			if kptr := dp.Features().HashKptr; (got.ListenerKptr == 1) != kptr {
+				t.Errorf("listener_kptr %d loaded on a kernel whose hash map kptr is %v", got.ListenerKptr, kptr)
+			}
+			other := Config{PinDir: dir, Settings: Settings{Bypass: ModeOn + ModeOff - want.Bypass, BacklogLimit: 99, VerdictWindow: 8,
+				BypassBlocking: ModeOn + ModeOff - want.BypassBlocking, BypassBrief: ModeOn + ModeOff - want.BypassBrief}}
 			adopted, err := Open(other)
 			if err != nil {
 				t.Fatal(err)
@@ -39,26 +48,22 @@ func TestSettingsReadBack(t *testing.T) {
 			if got, err := adopted.Settings(); err != nil || got != want {
 				t.Errorf("adopted: settings %+v, %v; want the loaded %+v", got, err, want)
 			}
+			if d, ok := want.Differs(other.Settings.Resolve(adopted.Features()), SettingNames()); !ok || d.Name != "bypass" {
+				t.Errorf("Differs of every setting: %+v %v, want bypass first", d, ok)
+			}
 		})
 	}
 }
 
-func mode(on bool) Mode {
-	if on {
-		return ModeOn
-	}
-	return ModeOff
-}
-
-// TestConfigSettings checks the settings a Config asks for: a zero
-// backlog limit is tcp_rmem's maximum, and the modes left to the kernel
-// follow the bugs found (none probed counts as all found).
-func TestConfigSettings(t *testing.T) {
+// TestResolve checks what a request resolves to: a zero backlog limit is
+// tcp_rmem's maximum, and the modes left to the kernel follow the bugs
+// found (none probed counts as all found).
+func TestResolve(t *testing.T) {
 	fit := Features{PsockMsgTotLen: true}
-	if got := (Config{}).Settings(fit).BacklogLimit; got != tcpRmemMax() || got == 0 {
-		t.Errorf("backlog limit of a zero Config: %d, want tcp_rmem max %d", got, tcpRmemMax())
+	if got := DefaultSettings().Resolve(fit).BacklogLimit; got != tcpRmemMax() || got == 0 {
+		t.Errorf("backlog limit of the defaults: %d, want tcp_rmem max %d", got, tcpRmemMax())
 	}
-	if got := (Config{BacklogLimit: 5}).Settings(fit).BacklogLimit; got != 5 {
+	if got := (Settings{BacklogLimit: 5}).Resolve(fit).BacklogLimit; got != 5 {
 		t.Errorf("backlog limit 5 read as %d", got)
 	}
 	with := func(msgTotLen bool, names ...string) Features {
@@ -70,24 +75,80 @@ func TestConfigSettings(t *testing.T) {
 		}
 		return f
 	}
+	auto := DefaultSettings()
 	for _, tt := range []struct {
-		cfg                  Config
+		s                    Settings
 		f                    Features
-		bypass, bypassBlocks bool
+		bypass, bypassBlocks Mode
 	}{
-		{Config{}, fit, true, true},
-		{Config{}, with(true, sockbugs.FIONREAD), false, true},
-		{Config{}, with(false), false, true},
-		{Config{}, with(true, sockbugs.BlockingEAGAIN, sockbugs.Splice), true, false},
-		{Config{}, with(false, sockbugs.FIONREAD, sockbugs.BlockingEAGAIN), false, false},
-		{Config{}, Features{PsockMsgTotLen: true, BugsError: "no netns"}, false, false},
-		{Config{Bypass: ModeOn, BypassBlocking: ModeOn}, with(false, sockbugs.FIONREAD, sockbugs.BlockingEAGAIN), true, true},
-		{Config{Bypass: ModeOff, BypassBlocking: ModeOff}, fit, false, false},
+		{auto, fit, ModeOn, ModeOn},
+		{auto, with(true, sockbugs.FIONREAD), ModeOff, ModeOn},
+		{auto, with(false), ModeOff, ModeOn},
+		{auto, with(true, sockbugs.BlockingEAGAIN, sockbugs.Splice), ModeOn, ModeOff},
+		{auto, with(false, sockbugs.FIONREAD, sockbugs.BlockingEAGAIN), ModeOff, ModeOff},
+		{auto, Features{PsockMsgTotLen: true, BugsError: "no netns"}, ModeOff, ModeOff},
+		{Settings{Bypass: ModeOn, BypassBlocking: ModeOn}, with(false, sockbugs.FIONREAD, sockbugs.BlockingEAGAIN), ModeOn, ModeOn},
+		{Settings{Bypass: ModeOff, BypassBlocking: ModeOff}, fit, ModeOff, ModeOff},
 	} {
-		s := tt.cfg.Settings(tt.f)
-		if s.Bypass != tt.bypass || s.BypassBlocking != tt.bypassBlocks {
-			t.Errorf("%+v on %s: bypass %v, blocking %v; want %v, %v",
-				tt.cfg, tt.f.Summary(), s.Bypass, s.BypassBlocking, tt.bypass, tt.bypassBlocks)
+		s := tt.s.Resolve(tt.f)
+		if s.Bypass != tt.bypass || s.BypassBlocking != tt.bypassBlocks || s.BypassBrief == ModeAuto {
+			t.Errorf("%+v on %s: bypass %v, blocking %v, brief %v; want %v, %v and brief decided",
+				tt.s, tt.f.Summary(), s.Bypass, s.BypassBlocking, s.BypassBrief, tt.bypass, tt.bypassBlocks)
 		}
+	}
+}
+
+// TestSettingFlags parses every setting from its flag's words, refuses
+// what the flag does not take by name, and round-trips through JSON.
+func TestSettingFlags(t *testing.T) {
+	for _, tt := range []struct {
+		flag, value string
+		check       func(Settings) bool
+		err         string
+	}{
+		{"bypass", "on", func(s Settings) bool { return s.Bypass == ModeOn }, ""},
+		{"bypass", "auto", func(s Settings) bool { return s.Bypass == ModeAuto }, ""},
+		{"bypass", "yes", nil, "want one of auto, on, off"},
+		{"blocking-sockets", "tcp", func(s Settings) bool { return s.BypassBlocking == ModeOff }, ""},
+		{"blocking-sockets", "bypass", func(s Settings) bool { return s.BypassBlocking == ModeOn }, ""},
+		{"brief-connections", "bypass", func(s Settings) bool { return s.BypassBrief == ModeOn }, ""},
+		{"brief-connections", "auto", nil, "want one of bypass, tcp"},
+		{"backlog-limit", "2097152", func(s Settings) bool { return s.BacklogLimit == 2097152 }, ""},
+		{"backlog-limit", "-1", nil, "want a number of bytes"},
+		{"verdict-window", "0", func(s Settings) bool { return s.VerdictWindow == 0 }, ""},
+		{"verdict-window", "1048577", nil, "want at most 1048576 bytes"},
+	} {
+		s := DefaultSettings()
+		var err error
+		found := false
+		for _, f := range s.Flags() {
+			if f.Name == tt.flag {
+				found = true
+				err = f.Set(tt.value)
+				if err == nil && f.String() != tt.value {
+					t.Errorf("--%s %s prints back as %q", tt.flag, tt.value, f.String())
+				}
+			}
+		}
+		switch {
+		case !found:
+			t.Errorf("no flag --%s", tt.flag)
+		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+			t.Errorf("--%s %s: %v, want %q", tt.flag, tt.value, err, tt.err)
+		case tt.err == "" && (err != nil || !tt.check(s)):
+			t.Errorf("--%s %s: %v, settings %+v", tt.flag, tt.value, err, s)
+		case tt.err == "":
+			b, err := json.Marshal(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var back Settings
+			if err := json.Unmarshal(b, &back); err != nil || back != s {
+				t.Errorf("JSON %s reads back as %+v, %v; want %+v", b, back, err, s)
+			}
+		}
+	}
+	if err := (Settings{BypassBlocking: 7}).Validate(); err == nil || !strings.Contains(err.Error(), "--blocking-sockets mode(7)") {
+		t.Errorf("validating an unknown mode: %v", err)
 	}
 }

@@ -109,6 +109,19 @@ enum sl_word {
 /* The backlog limit when net.ipv4.tcp_rmem cannot be read. */
 enum sl_defaults {
 	SL_DEFAULT_BACKLOG_LIMIT = 6 << 20,
+	/* Amortises sl_msg over small sends while keeping backlog and
+	 * fallback decisions within 4 KiB of where they fall. */
+	SL_DEFAULT_VERDICT_WINDOW = 4096,
+	SL_MAX_VERDICT_WINDOW = 1 << 20,
+};
+
+/* A mode setting's value. SL_MODE_AUTO appears only in a request: the
+ * loader resolves it (by the sockmap bugs found on the kernel) before the
+ * programs load, which then see SL_MODE_ON or SL_MODE_OFF. */
+enum sl_mode {
+	SL_MODE_AUTO = 0,
+	SL_MODE_ON = 1,
+	SL_MODE_OFF = 2,
 };
 
 /* Connections not worth joining the bypass: brief ones (at most one send

@@ -77,7 +77,9 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 	pinDir := filepath.Join(o.BPFFS, "socklane-demo-"+strconv.Itoa(os.Getpid()))
 	// The demo shows the bypass: it is on whatever --bypass auto would
 	// decide on this kernel, which the report says.
-	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, VerdictWindow: datapath.DefaultVerdictWindow, Bypass: datapath.ModeOn})
+	settings := datapath.DefaultSettings()
+	settings.Bypass = datapath.ModeOn
+	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, Settings: settings})
 	if err != nil {
 		return err
 	}
@@ -87,7 +89,7 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 			o.Log.Warn("removing demo datapath", "err", err)
 		}
 	}()
-	if auto := (datapath.Config{}).Settings(dp.Features()); !auto.Bypass {
+	if auto := datapath.DefaultSettings().Resolve(dp.Features()); !auto.Bypass.On() {
 		fmt.Fprintln(w, "note: on this kernel the agent's default (--bypass auto) leaves the bypass off; the demo turns it on to show it:")
 		for _, why := range dp.Features().Decided(auto) {
 			fmt.Fprintln(w, "  "+why)

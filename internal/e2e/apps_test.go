@@ -34,10 +34,10 @@ func defaultBypass(t *testing.T, in *testutil.Instance, pods ...*testbed.Pod) bo
 	in.Settings = nil
 	in.Attach(pods...)
 	st := readStatus(t, in)
-	if !st.Settings.Bypass {
+	if !st.Settings.Bypass.On() {
 		t.Logf("the default leaves the bypass off on this kernel: %q", st.Decided)
 	}
-	return st.Settings.Bypass
+	return st.Settings.Bypass.On()
 }
 
 // TestRedis runs an unmodified redis-server and redis-benchmark in two pods,

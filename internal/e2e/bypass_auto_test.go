@@ -35,7 +35,7 @@ func TestBypassAuto(t *testing.T) {
 			st := readStatus(t, in)
 			broken := st.Kernel.Has(sockbugs.FIONREAD) || !st.Kernel.PsockMsgTotLen
 			want := tt.name == "on" || tt.name == "auto" && !broken
-			if st.Settings.Bypass != want {
+			if st.Settings.Bypass.On() != want {
 				t.Fatalf("settings.bypass %v on an unfit kernel %v (%s), want %v", st.Settings.Bypass, broken, st.Kernel.Summary(), want)
 			}
 			if said := slices.ContainsFunc(st.Decided, func(d string) bool { return strings.HasPrefix(d, "bypass off: ") }); said != (broken && !want) {

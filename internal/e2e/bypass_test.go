@@ -247,7 +247,7 @@ func TestConnsTable(t *testing.T) {
 		// bytes under an open verdict window are counted at its next
 		// verdict, which the client's direction reaches first: up to one
 		// window more.
-		if d := int64(c.ClientToServer.Bytes) - int64(c.ServerToClient.Bytes); d < 0 || d > 100+datapath.DefaultVerdictWindow {
+		if d := int64(c.ClientToServer.Bytes) - int64(c.ServerToClient.Bytes); d < 0 || d > 100+int64(datapath.DefaultVerdictWindow) {
 			t.Errorf("echo bytes differ: c->s %d, s->c %d", c.ClientToServer.Bytes, c.ServerToClient.Bytes)
 		}
 	}

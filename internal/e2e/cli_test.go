@@ -36,7 +36,13 @@ func TestBadInput(t *testing.T) {
 		{"not running", func() *exec.Cmd { return exec.Command(bin, "--name", "slbad-none", "status") }, "socklane is not running"},
 		{"verdict window too large", func() *exec.Cmd {
 			return exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/", "--verdict-window", "4194304")
-		}, "--verdict-window 4194304: want at most"},
+		}, `"4194304" for "--verdict-window" flag: want at most 1048576 bytes`},
+		{"bad mode", func() *exec.Cmd {
+			return exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/", "--blocking-sockets", "maybe")
+		}, `"maybe" for "--blocking-sockets" flag: want one of auto, bypass, tcp`},
+		{"bad mode", func() *exec.Cmd {
+			return exec.Command(bin, "--name", "slbad", "agent", "--brief-connections", "auto")
+		}, `"auto" for "--brief-connections" flag: want one of bypass, tcp`},
 		{"bad output", func() *exec.Cmd { return exec.Command(bin, "-o", "yaml", "status") }, "unknown output format"},
 		{"empty name", func() *exec.Cmd { return exec.Command(bin, "--name", "", "down", "--force") }, `--name "": an instance name is`},
 		{"name with a path", func() *exec.Cmd { return exec.Command(bin, "--name", "../sys", "down", "--force") }, "an instance name is"},
@@ -192,10 +198,10 @@ func TestSettingsFixedAtLoad(t *testing.T) {
 	}
 	type status struct {
 		Settings struct {
-			BacklogLimit   uint32 `json:"backlog_limit"`
-			VerdictWindow  uint32 `json:"verdict_window"`
-			BypassBlocking bool   `json:"bypass_blocking"`
-			BypassBrief    bool   `json:"bypass_brief"`
+			BacklogLimit   uint32 `json:"backlog-limit"`
+			VerdictWindow  uint32 `json:"verdict-window"`
+			BypassBlocking string `json:"blocking-sockets"`
+			BypassBrief    string `json:"brief-connections"`
 		} `json:"settings"`
 		Attachments []attachment `json:"attachments"`
 	}
@@ -208,7 +214,7 @@ func TestSettingsFixedAtLoad(t *testing.T) {
 		return st
 	}
 	st := read()
-	if s := st.Settings; s.VerdictWindow != 0 || !s.BypassBlocking || s.BypassBrief || s.BacklogLimit != 2097152 {
+	if s := st.Settings; s.VerdictWindow != 0 || s.BypassBlocking != "bypass" || s.BypassBrief != "tcp" || s.BacklogLimit != 2097152 {
 		t.Fatalf("status settings %+v, want what the first attach loaded", s)
 	}
 	for _, tc := range []struct {
@@ -237,7 +243,7 @@ func TestSettingsFixedAtLoad(t *testing.T) {
 			t.Errorf("attach %v was refused, yet the cgroup got attached", tc.args)
 		}
 	}
-	if s := read().Settings; s.VerdictWindow != 0 || !s.BypassBlocking || s.BacklogLimit != 2097152 {
+	if s := read().Settings; s.VerdictWindow != 0 || s.BypassBlocking != "bypass" || s.BacklogLimit != 2097152 {
 		t.Errorf("settings changed to %+v", s)
 	}
 }

@@ -171,7 +171,7 @@ func readStatus(t *testing.T, in *testutil.Instance) dpStatus {
 func fionreadBypassed(t *testing.T, in *testutil.Instance) bool {
 	t.Helper()
 	st := readStatus(t, in)
-	return st.Settings.Bypass && st.Kernel.Has(sockbugs.FIONREAD)
+	return st.Settings.Bypass.On() && st.Kernel.Has(sockbugs.FIONREAD)
 }
 
 // resetLoss is what RST-closed streams may legitimately cut off.

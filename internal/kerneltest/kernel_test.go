@@ -187,7 +187,7 @@ func newNode(t *testing.T) *node {
 	}
 	t.Cleanup(func() { unix.Close(n.cgfd) })
 	pin := filepath.Join(bpffs.DefaultPath, fmt.Sprintf("sl-ktest-%d", os.Getpid()))
-	if n.dp, err = datapath.Open(datapath.Config{PinDir: pin, Bypass: datapath.ModeOn}); err != nil {
+	if n.dp, err = datapath.Open(datapath.Config{PinDir: pin, Settings: datapath.Settings{Bypass: datapath.ModeOn, VerdictWindow: datapath.DefaultVerdictWindow}}); err != nil {
 		t.Fatalf("loading the datapath on %s: %v", kernel(), err)
 	}
 	t.Cleanup(func() {

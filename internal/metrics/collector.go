@@ -186,8 +186,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	} else {
 		c.emit(ch, famSetting, float64(s.BacklogLimit), "backlog_limit_bytes")
 		c.emit(ch, famSetting, float64(s.VerdictWindow), "verdict_window_bytes")
-		c.emit(ch, famSetting, boolValue(s.BypassBlocking), "bypass_blocking")
-		c.emit(ch, famSetting, boolValue(s.BypassBrief), "bypass_brief")
+		c.emit(ch, famSetting, boolValue(s.BypassBlocking.On()), "bypass_blocking")
+		c.emit(ch, famSetting, boolValue(s.BypassBrief.On()), "bypass_brief")
 	}
 	if failed {
 		c.errors.Add(1)

@@ -69,7 +69,7 @@ func (f *fakeSource) TrackedSockets() (int, error)             { return 2, nil }
 func (f *fakeSource) ServiceStats() (*datapath.LBStats, error) { return f.lb, nil }
 func (f *fakeSource) Programs() []*ebpf.Program                { return nil }
 func (f *fakeSource) Settings() (datapath.Settings, error) {
-	return datapath.Settings{BacklogLimit: 1 << 20, VerdictWindow: 4096, BypassBrief: true}, nil
+	return datapath.Settings{BacklogLimit: 1 << 20, VerdictWindow: 4096, BypassBrief: datapath.ModeOn}, nil
 }
 
 // counts builds counters by name; a name the C enum lacks fails the test.
