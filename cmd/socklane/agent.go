@@ -1,10 +1,7 @@
 package main
 
 import (
-	"context"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
@@ -33,9 +30,8 @@ leaves the datapath in place: live connections are not touched. Remove
 socklane with 'socklane down'.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			cfg := set.config(g, cgs)
+			ctx := cmd.Context()
+			cfg := agent.Config{Config: set.config(g), Cgroups: cgs}
 			cfg.ServicesFile, cfg.ServicesInterval = servicesFile, servicesInterval
 			cfg.Web, cfg.BPFStats, cfg.SweepInterval = webCfg, bpfStats, sweepInterval
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
@@ -61,6 +57,5 @@ socklane with 'socklane down'.`,
 	cmd.Flags().StringVar(&kubePodSelector, "kube-pod-selector", "", "attach to the pods the API server places on this node whose labels match this Kubernetes label selector (found in the runtime by UID; pods that go away are detached)")
 	cmd.Flags().StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name in the cluster (for --kube-pod-selector)")
 	set.add(cmd)
-	cmd.SetContext(context.Background())
 	return cmd
 }

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/socklane/socklane/internal/bench"
@@ -32,8 +30,7 @@ them, and to a backend's own address with no service at all (the floor of any
 load balancer), and the programming time. Reports medians and ratios.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
+			ctx := cmd.Context()
 			mode, err := peer.ParseIO(ioMode)
 			if err != nil {
 				return err
@@ -113,8 +110,7 @@ node's tables (the bypass map and the translated-socket table), which the
 agent does in the background at most every 10 s.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
+			ctx := cmd.Context()
 			o.BPFFS, o.Log = g.bpffs, g.logger(os.Stderr)
 			rep, err := bench.Scrape(ctx, o)
 			if err != nil {

@@ -5,9 +5,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/conntable"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/pcap"
 	"github.com/spf13/cobra"
 )
@@ -55,7 +55,7 @@ over TCP is visible to tcpdump itself. One capture at a time.`,
 			for n := range ns {
 				cfg.Netns = n
 			}
-			unlock, err := agent.Exclusive(g.name, "capture")
+			unlock, err := node.Exclusive(g.name, "capture")
 			if err != nil {
 				return err
 			}
@@ -74,7 +74,7 @@ over TCP is visible to tcpdump itself. One capture at a time.`,
 			if err != nil {
 				return err
 			}
-			ctx, stop := interruptible(duration)
+			ctx, stop := withTimeout(cmd.Context(), duration)
 			defer stop()
 			n, bytes := 0, uint64(0)
 			ready := func() { fmt.Fprintf(cmd.ErrOrStderr(), "capturing bypassed traffic to %s; interrupt to stop\n", file) }

@@ -75,7 +75,7 @@ pod: connections with an end in its network namespace), --port and --addr
 			if !watch {
 				return show()
 			}
-			ctx, stop := interruptible(0)
+			ctx, stop := withTimeout(cmd.Context(), 0)
 			defer stop()
 			tick := time.NewTicker(interval)
 			defer tick.Stop()

@@ -6,9 +6,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/spf13/cobra"
 )
 
@@ -26,13 +26,13 @@ but bytes that were redirected to a socket and not yet read by its
 application are dropped by the kernel.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := agent.RequireRoot(); err != nil {
+			if err := node.RequireRoot(); err != nil {
 				return err
 			}
 			if err := bpffs.Require(g.bpffs); err != nil {
 				return err
 			}
-			live, err := agent.Down(g.pinDir(), force, drain, g.logger(os.Stderr))
+			live, err := node.Down(g.pinDir(), force, drain, g.logger(os.Stderr))
 			if errors.Is(err, datapath.ErrNotPinned) {
 				if ignoreNotFound {
 					fmt.Fprintf(cmd.ErrOrStderr(), "no socklane instance %q at %s: nothing to remove\n", g.name, g.pinDir())

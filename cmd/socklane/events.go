@@ -8,8 +8,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/spf13/cobra"
 )
 
@@ -48,12 +48,12 @@ full are reported as "lost" lines. One reader at a time.`,
 				return err
 			}
 			defer dp.Close()
-			unlock, err := agent.Exclusive(g.name, "events")
+			unlock, err := node.Exclusive(g.name, "events")
 			if err != nil {
 				return err
 			}
 			defer unlock()
-			ctx, stop := interruptible(duration)
+			ctx, stop := withTimeout(cmd.Context(), duration)
 			defer stop()
 			out := cmd.OutOrStdout()
 			enc := json.NewEncoder(out)

@@ -7,9 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/socklane/socklane/internal/peer"
@@ -35,15 +33,11 @@ func newPeerCmd() *cobra.Command {
 		c.Flags().StringVar(&cfg.IO, "io", "mixed", "socket I/O: epoll, blocking, or mixed (alternating)")
 		c.Flags().BoolVar(&cfg.TrustFIONREAD, "check-fionread", true, "in peek mode, fail a stream whose FIONREAD counts less than MSG_PEEK returned (false on a kernel known to answer 0 for redirected bytes)")
 	}
-	ctx := func() (context.Context, context.CancelFunc) {
-		return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	}
 	server := &cobra.Command{
 		Use:  "integrity-server ADDR",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			ln, err := peer.Listen(args[0], cfg.IO != "blocking")
 			if err != nil {
 				return err
@@ -60,8 +54,7 @@ func newPeerCmd() *cobra.Command {
 		Use:  "integrity-client ADDR:PORT",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			target, err := netip.ParseAddrPort(args[0])
 			if err != nil {
 				return err
@@ -86,8 +79,7 @@ func newPeerCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				ctx, stop := ctx()
-				defer stop()
+				ctx := cmd.Context()
 				return serve(ctx, args[0], mode, func(addr string) { fmt.Fprintln(os.Stderr, "listening", addr) })
 			},
 		}
@@ -114,8 +106,7 @@ func newPeerCmd() *cobra.Command {
 			Use:  use + " ADDR",
 			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				ctx, stop := ctx()
-				defer stop()
+				ctx := cmd.Context()
 				res, err := run(ctx, args[0])
 				if err != nil {
 					return err
@@ -158,8 +149,7 @@ func newPeerCmd() *cobra.Command {
 		Use:  "whoami ADDR",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			if whoamiPorts == "" {
 				return peer.Whoami(ctx, network, args[0], label)
 			}
@@ -192,8 +182,7 @@ func newPeerCmd() *cobra.Command {
 				}
 				targets = append(targets, t)
 			}
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			rep, err := peer.Fanout(ctx, targets, fanoutRounds, fanoutBurst)
 			if err != nil {
 				return err
@@ -214,8 +203,7 @@ func newPeerCmd() *cobra.Command {
 		Use:  "hold ADDR:PORT",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			ctx, cancel := context.WithTimeout(ctx, holdFor)
 			defer cancel()
 			return peer.Hold(ctx, os.Stdout, holdMode, args[0], holdName, holdConns)
@@ -236,19 +224,18 @@ func newPeerCmd() *cobra.Command {
 		Short: "Sleep until SIGTERM or SIGINT (a pod sandbox's process in the tests' images)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			<-ctx.Done()
 			return nil
 		},
 	}
 	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
-		newPlantCmd(ctx), newVictimCmd(ctx), newFastOpenCmd(ctx), newOpenCmd(ctx), newListenCmd(ctx), fanout)
+		newPlantCmd(), newVictimCmd(), newFastOpenCmd(), newOpenCmd(), newListenCmd(), fanout)
 	return cmd
 }
 
 // newPlantCmd is the attacker of the connection-takeover tests.
-func newListenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+func newListenCmd() *cobra.Command {
 	var ports string
 	c := &cobra.Command{
 		Use:   "listen --ports A-B IP",
@@ -263,8 +250,7 @@ func newListenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Comma
 			if err != nil {
 				return err
 			}
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			return peer.ListenMany(ctx, ip, ps, func(n int) { fmt.Fprintln(os.Stderr, "listening", n) })
 		},
 	}
@@ -272,7 +258,7 @@ func newListenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Comma
 	return c
 }
 
-func newOpenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+func newOpenCmd() *cobra.Command {
 	var ports string
 	var count int
 	c := &cobra.Command{
@@ -288,8 +274,7 @@ func newOpenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command
 			if err != nil {
 				return err
 			}
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			return peer.Open(ctx, ip, ps, count, func(n int) { fmt.Fprintln(os.Stderr, "open", n) })
 		},
 	}
@@ -298,7 +283,7 @@ func newOpenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command
 	return c
 }
 
-func newPlantCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+func newPlantCmd() *cobra.Command {
 	var client, server, ports, mode string
 	var via uint16
 	var hold time.Duration
@@ -321,8 +306,7 @@ func newPlantCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Comman
 			if mode != "dnat" && mode != "repair" {
 				return fmt.Errorf("--mode %q: want dnat or repair", mode)
 			}
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			ctx, cancel := context.WithTimeout(ctx, hold)
 			defer cancel()
 			return peer.Plant(ctx, cfg, os.Stdout, func(n int) { fmt.Fprintln(os.Stderr, "planted", n) })
@@ -338,7 +322,7 @@ func newPlantCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Comman
 }
 
 // newVictimCmd is the client of the connection-takeover tests.
-func newVictimCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+func newVictimCmd() *cobra.Command {
 	var from, ports string
 	c := &cobra.Command{
 		Use:   "victim --from IP --ports A-B ADDR:PORT",
@@ -357,8 +341,7 @@ func newVictimCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Comma
 			if err != nil {
 				return err
 			}
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			return json.NewEncoder(os.Stdout).Encode(peer.Victim(ctx, addr, list, target))
 		},
 	}
@@ -368,15 +351,14 @@ func newVictimCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Comma
 }
 
 // newFastOpenCmd is the TCP Fast Open client of the ordering tests.
-func newFastOpenCmd(ctx func() (context.Context, context.CancelFunc)) *cobra.Command {
+func newFastOpenCmd() *cobra.Command {
 	var conns int
 	c := &cobra.Command{
 		Use:   "fastopen ADDR:PORT",
 		Short: "Connect with TCP Fast Open (data in the SYN, no cookie) and check the echo of two writes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := ctx()
-			defer stop()
+			ctx := cmd.Context()
 			return json.NewEncoder(os.Stdout).Encode(peer.FastOpenClients(ctx, args[0], conns))
 		},
 	}

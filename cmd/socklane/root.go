@@ -3,18 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
-	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/spf13/cobra"
 )
 
@@ -39,29 +37,22 @@ func (g *globals) logger(w io.Writer) *slog.Logger {
 // openPinned opens the running datapath for reading or changing; it never
 // creates one.
 func (g *globals) openPinned() (*datapath.Datapath, error) {
-	if err := agent.RequireRoot(); err != nil {
-		return nil, err
-	}
-	if err := bpffs.Require(g.bpffs); err != nil {
-		return nil, err
-	}
-	if !datapath.Pinned(g.pinDir()) {
+	dp, err := node.OpenRunning(g.bpffs, g.name)
+	if errors.Is(err, datapath.ErrNotPinned) {
 		return nil, fmt.Errorf("socklane is not running on this node (nothing pinned at %s): start it with `socklane agent` or `socklane attach`", g.pinDir())
 	}
-	return datapath.Open(datapath.Config{PinDir: g.pinDir()})
+	return dp, err
 }
 
 func (g *globals) json() bool { return g.output == "json" }
 
-// interruptible is a context that ends on SIGINT or SIGTERM, or after d
-// when d > 0.
-func interruptible(d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+// withTimeout is ctx (main's, which SIGINT and SIGTERM end), ending after
+// d too when d > 0.
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	if d <= 0 {
-		return ctx, stop
+		return context.WithCancel(ctx)
 	}
-	ctx, cancel := context.WithTimeout(ctx, d)
-	return ctx, func() { cancel(); stop() }
+	return context.WithTimeout(ctx, d)
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/spf13/cobra"
 )
 
@@ -23,12 +23,12 @@ func (s *settingsFlags) add(cmd *cobra.Command) {
 	}
 }
 
-func (s *settingsFlags) config(g *globals, cgroups []string) agent.Config {
+func (s *settingsFlags) config(g *globals) node.Config {
 	var given []string
 	for _, name := range datapath.SettingNames() {
 		if s.cmd != nil && s.cmd.Flags().Changed(name) {
 			given = append(given, name)
 		}
 	}
-	return agent.Config{BPFFS: g.bpffs, PinName: g.name, Cgroups: cgroups, Settings: s.settings, SettingsGiven: given}
+	return node.Config{BPFFS: g.bpffs, PinName: g.name, Settings: s.settings, SettingsGiven: given}
 }

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/service"
 	"github.com/spf13/cobra"
 )
@@ -35,7 +35,7 @@ func newSvcCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer dp.Close()
-			st, err := agent.ApplyServices(dp, g.name, set, nil)
+			st, err := node.ApplyServices(dp, g.name, set, nil)
 			if err != nil {
 				return err
 			}
@@ -85,7 +85,7 @@ type serviceView struct {
 // serviceViews joins the applied services (all, or only one) with the
 // load balancer's counters.
 func serviceViews(dp *datapath.Datapath, name, only string) ([]serviceView, *datapath.LBStats, error) {
-	svcs, err := agent.AppliedServices(name)
+	svcs, err := node.AppliedServices(name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -127,7 +127,7 @@ func showServices(cmd *cobra.Command, g *globals, only string) error {
 	if only != "" && len(views) == 0 {
 		return fmt.Errorf("service %s is not applied (see `socklane svc list`)", only)
 	}
-	skipped, err := agent.SkippedServices(g.name)
+	skipped, err := node.SkippedServices(g.name)
 	if err != nil {
 		return err
 	}

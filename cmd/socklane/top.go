@@ -6,8 +6,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/top"
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -50,7 +50,7 @@ when the output is not a terminal, it prints one frame per interval
 				}
 				return top.Err(m)
 			}
-			ctx, stop := interruptible(0)
+			ctx, stop := withTimeout(cmd.Context(), 0)
 			defer stop()
 			prev, err := src()
 			if err != nil {
@@ -105,7 +105,7 @@ func sample(dp *datapath.Datapath, name string) (top.Sample, error) {
 	if s.Services, err = dp.ServiceStats(); err != nil {
 		return s, err
 	}
-	if s.Names, err = agent.FrontendNames(name); err != nil {
+	if s.Names, err = node.FrontendNames(name); err != nil {
 		return s, err
 	}
 	return s, nil

@@ -8,16 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/socklane/socklane/internal/bpffs"
-	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/cri"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/kube"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/service"
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/rest"
@@ -25,17 +22,11 @@ import (
 
 // Config of one node agent.
 type Config struct {
-	BPFFS   string
-	PinName string
-	// Cgroups to attach to; empty means the cgroup v2 root.
+	// Config names the instance and the settings of a new load.
+	node.Config
+	// Cgroups to attach to; none means the cgroup v2 root (unless pods
+	// are selected).
 	Cgroups []string
-	// Settings a new datapath loads with (datapath.DefaultSettings
-	// unless the flags say otherwise).
-	Settings datapath.Settings
-	// SettingsGiven names (by flag) the settings the user gave. A running
-	// datapath keeps the settings it was loaded with, so Start refuses
-	// given ones it does not have.
-	SettingsGiven []string
 	// ServicesFile, if set, is a YAML service file the agent applies at
 	// start and again whenever its content changes, checked every
 	// ServicesInterval (default DefaultServicesInterval).
@@ -96,95 +87,12 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// PinDir is where the agent pins its datapath.
-func (c Config) PinDir() string { return filepath.Join(c.BPFFS, c.PinName) }
-
-// RequireRoot fails unless the process is root.
-func RequireRoot() error {
-	if os.Geteuid() != 0 {
-		return errors.New("socklane must run as root (it loads BPF programs and attaches them to cgroups): run it with sudo")
+// targets are the cgroups the agent attaches at start.
+func (c Config) targets() []string {
+	if len(c.Cgroups) == 0 && c.PodSelector == "" && c.KubePodSelector == "" {
+		return []string{node.RootTarget}
 	}
-	return nil
-}
-
-// Probe checks every kernel feature the datapath's programs use (read from
-// the embedded objects) and names all that are missing, with the first
-// Linux release that has them.
-func Probe() error { return datapath.CheckKernel() }
-
-// Target is a cgroup to attach to, resolved and checked.
-type Target struct {
-	Path string `json:"cgroup"`
-	ID   uint64 `json:"cgroup_id"`
-}
-
-// ResolveTargets checks every cgroup before anything is attached.
-func ResolveTargets(paths []string) ([]Target, error) {
-	root, err := cgroups.Root()
-	if err != nil {
-		return nil, err
-	}
-	if len(paths) == 0 {
-		paths = []string{root}
-	}
-	var out []Target
-	for _, p := range paths {
-		path, id, err := cgroups.Resolve(root, p)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, Target{Path: path, ID: id})
-	}
-	return out, nil
-}
-
-// Start prepares the node: checks, bpffs, datapath, attachments. It returns
-// the open datapath; the pinned state outlives the process.
-func Start(cfg Config, log *slog.Logger) (*datapath.Datapath, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := RequireRoot(); err != nil {
-		return nil, err
-	}
-	var targets []Target
-	if (cfg.PodSelector == "" && cfg.KubePodSelector == "") || len(cfg.Cgroups) > 0 {
-		var err error
-		if targets, err = ResolveTargets(cfg.Cgroups); err != nil {
-			return nil, err
-		}
-	}
-	if err := Probe(); err != nil {
-		return nil, err
-	}
-	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
-		return nil, err
-	}
-	dp, err := datapath.Open(datapath.Config{PinDir: cfg.PinDir(), Settings: cfg.Settings})
-	if err != nil {
-		return nil, err
-	}
-	if err := checkAdopted(dp, cfg.Settings.Resolve(dp.Features()), cfg.SettingsGiven); err != nil {
-		dp.Close()
-		return nil, err
-	}
-	log.Info("datapath ready", "pin_dir", dp.PinDir(), "adopted", dp.Adopted())
-	if st, err := dp.Settings(); err == nil {
-		for _, d := range dp.Features().Decided(st) {
-			log.Warn("kernel bug decides a setting", "decided", d)
-		}
-	}
-	for _, t := range targets {
-		a, err := dp.Attach(t.Path, t.ID)
-		if err != nil {
-			dp.Close()
-			return nil, err
-		}
-		log.Info("bypass attached", "cgroup", t.Path, "cgroup_id", t.ID, "link_id", a.LinkID)
-	}
-	// Sockets that closed while nothing was attached left their entries.
-	Reclaim(dp, log)
-	return dp, nil
+	return c.Cgroups
 }
 
 // Run starts the agent and waits for ctx. The datapath stays pinned and
@@ -250,7 +158,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		defer stats.Close()
 	}
-	dp, err := Start(cfg, log)
+	dp, _, err := node.Start(cfg.Config, cfg.targets(), log)
 	if err != nil {
 		return err
 	}
@@ -280,7 +188,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer cancel()
 		go func() {
 			kubeDone <- kube.Watch(ctx, kubeCfg, 20*time.Millisecond, dp.ServiceBudget(), func(set *service.Set, skipped []service.Skipped) error {
-				st, err := ApplyServices(dp, cfg.PinName, set, skipped)
+				st, err := node.ApplyServices(dp, cfg.PinName, set, skipped)
 				if err != nil {
 					return err
 				}
@@ -322,7 +230,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 				return fmt.Errorf("kubernetes source: %w", err)
 			}
 		case <-sweep.C:
-			Reclaim(dp, log)
+			node.Reclaim(dp, log)
 		case <-tick.C:
 			if c, err := dp.Counters(); err == nil {
 				log.Info("bypass", "conns_bypassed", c.Get(datapath.CounterConnsBypassed), "redirect_bytes", c.Get(datapath.CounterRedirectBytes))
@@ -337,46 +245,4 @@ func tickerOr(interval, def time.Duration) *time.Ticker {
 		interval = def
 	}
 	return time.NewTicker(interval)
-}
-
-// Down removes socklane from the node. Without force it first detaches
-// (no new connection joins the bypass) and waits up to drain for bypassed
-// sockets to close, because unpinning the socket map while a socket still
-// has redirected bytes queued would drop them. It returns the number of
-// sockets still in the map when it gave up (then nothing is unpinned).
-func Down(dir string, force bool, drain time.Duration, log *slog.Logger) (int, error) {
-	if !datapath.Pinned(dir) {
-		if _, err := os.Stat(dir); err == nil {
-			// Partial state from an interrupted start.
-			return 0, datapath.Pins(dir).Remove()
-		}
-		return 0, fmt.Errorf("%w at %s", datapath.ErrNotPinned, dir)
-	}
-	// Through the pins only: a datapath pinned by another version is
-	// removable too.
-	dp := datapath.Pins(dir)
-	n, err := dp.DetachAll()
-	if err != nil {
-		return 0, err
-	}
-	log.Info("detached", "attachments", n)
-	deadline := time.Now().Add(drain)
-	for !force {
-		live, err := dp.Sockets()
-		if err != nil {
-			return 0, err
-		}
-		if live == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return live, nil
-		}
-		log.Info("draining", "bypassed_sockets", live)
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err := os.RemoveAll(StateDir(filepath.Base(dir))); err != nil {
-		return 0, fmt.Errorf("removing service state: %w", err)
-	}
-	return 0, dp.Remove()
 }

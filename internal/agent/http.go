@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/metrics"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/service"
 )
 
@@ -117,7 +118,7 @@ func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger)
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelError)
 	if h.ln != nil {
 		reg := prometheus.NewRegistry()
-		col := metrics.New(dp, func() (map[string]string, error) { return FrontendNames(name) }, func() ([]service.Skipped, error) { return SkippedServices(name) })
+		col := metrics.New(dp, func() (map[string]string, error) { return node.FrontendNames(name) }, func() ([]service.Skipped, error) { return node.SkippedServices(name) }, log)
 		col.Refresh()
 		reg.MustRegister(
 			col,
@@ -164,19 +165,4 @@ func (h *httpServer) close() {
 			p.ln.Close()
 		}
 	}
-}
-
-// FrontendNames maps the applied services' frontends to their names.
-func FrontendNames(name string) (map[string]string, error) {
-	svcs, err := AppliedServices(name)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, s := range svcs {
-		for _, f := range s.Frontends() {
-			out[f.String()] = s.Key()
-		}
-	}
-	return out, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/socklane/socklane/internal/cri"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/kube"
+	"github.com/socklane/socklane/internal/node"
 )
 
 // DefaultPodInterval is how often the agent lists the runtime's pods for
@@ -90,7 +91,7 @@ func (w *podWatch) reconcile(ctx context.Context) {
 	}
 	if detached > 0 || len(gone) > 0 {
 		// Sockets that outlive their cgroup's attachment close unseen.
-		Reclaim(w.dp, w.log)
+		node.Reclaim(w.dp, w.log)
 	}
 }
 

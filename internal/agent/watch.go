@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/service"
 )
 
@@ -42,7 +43,7 @@ func loadServiceFile(path string) (*service.Set, [sha256.Size]byte, error) {
 
 // apply programs set and logs what changed.
 func (w *serviceWatch) apply(set *service.Set, sum [sha256.Size]byte) error {
-	st, err := ApplyServices(w.dp, w.name, set, nil)
+	st, err := node.ApplyServices(w.dp, w.name, set, nil)
 	if err != nil {
 		return err
 	}

@@ -23,9 +23,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/socklane/socklane/internal/agent"
-	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/sockdiag"
 	"github.com/socklane/socklane/internal/testbed"
@@ -181,16 +180,7 @@ type Report struct {
 
 // Run sets up two pods, runs every case and returns the report.
 func Run(ctx context.Context, o Options) (*Report, error) {
-	if err := agent.RequireRoot(); err != nil {
-		return nil, err
-	}
-	if _, err := agent.ResolveTargets(nil); err != nil {
-		return nil, err
-	}
-	if err := agent.Probe(); err != nil {
-		return nil, err
-	}
-	if err := bpffs.Ensure(o.BPFFS); err != nil {
+	if _, err := node.Preflight(o.BPFFS, nil); err != nil {
 		return nil, err
 	}
 	if o.Reps < 1 || o.Count < 1 || len(o.Sizes) == 0 {
@@ -249,7 +239,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	defer func() {
 		dp.Close()
-		if _, err := agent.Down(pinDir, true, 0, o.Log); err != nil {
+		if _, err := node.Down(pinDir, true, 0, o.Log); err != nil {
 			o.Log.Warn("removing bench datapath", "err", err)
 		}
 	}()

@@ -15,10 +15,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/socklane/socklane/internal/agent"
-	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/metrics"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/testbed"
 )
 
@@ -56,10 +55,7 @@ const connsPerPort = 7500
 // gather, in process) o.Reps times, interleaved with a count of the
 // tables.
 func Scrape(ctx context.Context, o ScrapeOptions) (*ScrapeReport, error) {
-	if err := agent.Probe(); err != nil {
-		return nil, err
-	}
-	if err := bpffs.Ensure(o.BPFFS); err != nil {
+	if _, err := node.Preflight(o.BPFFS, nil); err != nil {
 		return nil, err
 	}
 	if o.Services < 0 || o.Services > MaxServices || o.Conns < 1 || o.Reps < 1 {
@@ -81,7 +77,7 @@ func Scrape(ctx context.Context, o ScrapeOptions) (*ScrapeReport, error) {
 	}
 	defer func() {
 		dp.Close()
-		if _, err := agent.Down(pinDir, true, 0, o.Log); err != nil {
+		if _, err := node.Down(pinDir, true, 0, o.Log); err != nil {
 			o.Log.Warn("removing bench datapath", "err", err)
 		}
 	}()
@@ -159,7 +155,7 @@ func Scrape(ctx context.Context, o ScrapeOptions) (*ScrapeReport, error) {
 	if n := after.Since(before).Get(datapath.CounterConnsBypassed); rep.BypassedSockets < 2*o.Conns || n < uint64(o.Conns) {
 		return nil, fmt.Errorf("%d sockets in the bypass map and %d connections bypassed, want %d and %d", rep.BypassedSockets, n, 2*o.Conns, o.Conns)
 	}
-	col := metrics.New(dp, nil, nil)
+	col := metrics.New(dp, nil, nil, o.Log)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(col)
 	col.Refresh()

@@ -210,7 +210,7 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 	mapsOnly := struct{ bypassMaps }{}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
 	if err := spec.LoadAndAssign(&mapsOnly, opts); err != nil {
-		return nil, fmt.Errorf("adopting pinned maps in %s (incompatible or damaged: run `socklane down`, which drains bypassed connections first, and start again): %w", cfg.PinDir, err)
+		return nil, fmt.Errorf("adopting pinned maps in %s: %w: %w", cfg.PinDir, ErrIncompatible, err)
 	}
 	d.objs.bypassMaps = mapsOnly.bypassMaps
 	d.readBugs()
@@ -224,7 +224,7 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 	}
 	if d.objs.SlRelease, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinRelease), nil); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("adopting pinned sl_release (pinned by an older socklane: run `socklane down`): %w", err)
+		return nil, fmt.Errorf("adopting pinned sl_release: %w: %w", ErrIncompatible, err)
 	}
 	if d.objs.SlReclaim, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, progPinReclaim), nil); err != nil {
 		d.Close()

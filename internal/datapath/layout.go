@@ -24,10 +24,9 @@ func (d *Datapath) recordLayout() error {
 // adopted: their programs keep running with their own layout, which this
 // socklane's writes would corrupt.
 func checkLayout(dir string) error {
-	fix := "run `socklane down` (it detaches, lets bypassed connections drain, then unpins) and start this socklane again"
 	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, bypassMapSlLayout), &ebpf.LoadPinOptions{ReadOnly: true})
 	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("the datapath pinned at %s was made by an older socklane (no layout version); this one uses layout %d: %s", dir, LayoutVersion, fix)
+		return fmt.Errorf("the datapath pinned at %s was made by an older socklane (no layout version); this one uses layout %d: %w", dir, LayoutVersion, ErrIncompatible)
 	}
 	if err != nil {
 		return fmt.Errorf("reading the layout version pinned at %s: %w", dir, err)
@@ -38,7 +37,7 @@ func checkLayout(dir string) error {
 		return fmt.Errorf("reading the layout version pinned at %s: %w", dir, err)
 	}
 	if v != LayoutVersion {
-		return fmt.Errorf("the datapath pinned at %s has layout %d; this socklane uses layout %d: %s", dir, v, LayoutVersion, fix)
+		return fmt.Errorf("the datapath pinned at %s has layout %d; this socklane uses layout %d: %w", dir, v, LayoutVersion, ErrIncompatible)
 	}
 	return nil
 }

@@ -92,7 +92,7 @@ func (d *Datapath) adoptLB() error {
 	maps := struct{ servicelbMaps }{}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
 	if err := spec.LoadAndAssign(&maps, opts); err != nil {
-		return fmt.Errorf("adopting pinned service maps in %s (incompatible or damaged: run `socklane down`, which drains bypassed connections first, and start again): %w", d.cfg.PinDir, err)
+		return fmt.Errorf("adopting pinned service maps in %s: %w: %w", d.cfg.PinDir, ErrIncompatible, err)
 	}
 	d.lb.servicelbMaps = maps.servicelbMaps
 	for name, p := range d.lbPrograms() {

@@ -37,6 +37,11 @@ func isAlnum(c byte) bool {
 // ErrNotPinned is returned by Pins.Remove when there is no datapath.
 var ErrNotPinned = errors.New("no socklane datapath pinned")
 
+// ErrIncompatible wraps a refusal to adopt pins this socklane cannot use
+// as they are (another layout, an older version, damaged maps): only
+// removing them (draining first) and loading again helps.
+var ErrIncompatible = errors.New("the pinned datapath is not one this socklane can adopt")
+
 // ownPins is what socklane pins in an instance directory: its programs
 // (prog_ and the program's name), its maps (named sl_*), and its links.
 func ownPins() (map[string]bool, error) {

@@ -20,9 +20,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/socklane/socklane/internal/agent"
-	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 )
@@ -38,16 +37,7 @@ type Options struct {
 
 // Run runs the demo and writes its report to w.
 func Run(ctx context.Context, w io.Writer, o Options) error {
-	if err := agent.RequireRoot(); err != nil {
-		return err
-	}
-	if _, err := agent.ResolveTargets(nil); err != nil {
-		return err
-	}
-	if err := agent.Probe(); err != nil {
-		return err
-	}
-	if err := bpffs.Ensure(o.BPFFS); err != nil {
+	if _, err := node.Preflight(o.BPFFS, nil); err != nil {
 		return err
 	}
 	self, err := os.Executable()
@@ -85,7 +75,7 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 	}
 	defer func() {
 		dp.Close()
-		if _, err := agent.Down(pinDir, true, 0, o.Log); err != nil {
+		if _, err := node.Down(pinDir, true, 0, o.Log); err != nil {
 			o.Log.Warn("removing demo datapath", "err", err)
 		}
 	}()

@@ -37,10 +37,10 @@ func TestBadInput(t *testing.T) {
 		{"verdict window too large", func() *exec.Cmd {
 			return exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/", "--verdict-window", "4194304")
 		}, `"4194304" for "--verdict-window" flag: want at most 1048576 bytes`},
-		{"bad mode", func() *exec.Cmd {
+		{"bad blocking mode", func() *exec.Cmd {
 			return exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/", "--blocking-sockets", "maybe")
 		}, `"maybe" for "--blocking-sockets" flag: want one of auto, bypass, tcp`},
-		{"bad mode", func() *exec.Cmd {
+		{"brief connections have no auto", func() *exec.Cmd {
 			return exec.Command(bin, "--name", "slbad", "agent", "--brief-connections", "auto")
 		}, `"auto" for "--brief-connections" flag: want one of bypass, tcp`},
 		{"bad output", func() *exec.Cmd { return exec.Command(bin, "-o", "yaml", "status") }, "unknown output format"},

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
@@ -236,8 +236,8 @@ func TestServiceLB(t *testing.T) {
 		mustEqual(t, testutil.Delta(before, lb.lbCounters(t)), "terminating_used", 20)
 	})
 	t.Run("recorded services readable by root only", func(t *testing.T) {
-		dir := agent.StateDir(lb.in.Name)
-		for path, want := range map[string]os.FileMode{agent.StateRoot: 0o700, dir: 0o700, filepath.Join(dir, "services.json"): 0o600} {
+		dir := node.StateDir(lb.in.Name)
+		for path, want := range map[string]os.FileMode{node.StateRoot: 0o700, dir: 0o700, filepath.Join(dir, "services.json"): 0o600} {
 			if st, err := os.Stat(path); err != nil {
 				t.Errorf("%s: %v, want mode %v", path, err, want)
 			} else if st.Mode().Perm() != want {

@@ -3,6 +3,7 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -56,12 +57,17 @@ type Collector struct {
 	descs   map[string]*prometheus.Desc
 	errors  atomic.Uint64
 	version string
+	log     *slog.Logger
 }
 
 // New returns a collector of src; names may be nil (services are then
-// labelled by frontend only), and skipped too.
-func New(src Source, names ServiceNames, skipped SkippedServices) *Collector {
-	c := &Collector{src: src, names: names, skipped: skipped, descs: map[string]*prometheus.Desc{}, version: version()}
+// labelled by frontend only), and skipped too. log says why a scrape left
+// a part out (nil: nowhere).
+func New(src Source, names ServiceNames, skipped SkippedServices, log *slog.Logger) *Collector {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &Collector{src: src, names: names, skipped: skipped, descs: map[string]*prometheus.Desc{}, version: version(), log: log}
 	for _, f := range families {
 		c.descs[f.name] = prometheus.NewDesc(f.fqName(), f.help, f.labels, nil)
 	}
@@ -147,42 +153,45 @@ func (c *Collector) emitCounters(ch chan<- prometheus.Metric, vals map[string]ui
 }
 
 // Collect reads everything; a part that cannot be read is left out of
-// this scrape and counted in collection_errors_total.
+// this scrape, counted in collection_errors_total, and logged with why.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	failed := false
-	fail := func(error) { failed = true }
+	fail := func(part string, err error) {
+		failed = true
+		c.log.Warn("scrape left a part out", "part", part, "err", err)
+	}
 	if vals, err := c.src.Counters(); err != nil {
-		fail(err)
+		fail("counters", err)
 	} else if err := c.emitCounters(ch, vals.Map(), bypassCounters); err != nil {
-		fail(err)
+		fail("counters", err)
 	}
 	if sockets, tracked, err := c.tableCounts(); err != nil {
-		fail(err)
+		fail("table counts", err)
 	} else {
 		c.emit(ch, famSockets, float64(sockets))
 		c.emit(ch, famLBTracked, float64(tracked))
 	}
 	if st, err := c.src.ServiceStats(); err != nil {
-		fail(err)
+		fail("services", err)
 	} else if err := c.collectServices(ch, st); err != nil {
-		fail(err)
+		fail("services", err)
 	}
 	for _, p := range c.src.Programs() {
 		info, err := p.Info()
 		if err != nil {
-			fail(err)
+			fail("program info", err)
 			continue
 		}
 		st, err := p.Stats()
 		if err != nil {
-			fail(err)
+			fail("program stats", err)
 			continue
 		}
 		c.emit(ch, famProgRuns, float64(st.RunCount), info.Name)
 		c.emit(ch, famProgSeconds, st.Runtime.Seconds(), info.Name)
 	}
 	if s, err := c.src.Settings(); err != nil {
-		fail(err)
+		fail("settings", err)
 	} else {
 		c.emit(ch, famSetting, float64(s.BacklogLimit), "backlog_limit_bytes")
 		c.emit(ch, famSetting, float64(s.VerdictWindow), "verdict_window_bytes")

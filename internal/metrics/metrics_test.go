@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"log/slog"
 	"net/netip"
 	"os"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -119,7 +121,8 @@ func TestCollector(t *testing.T) {
 	skipped := func() ([]service.Skipped, error) {
 		return []service.Skipped{{Service: "default/huge", Reason: "backends: 20000 backends, at most 16384"}}, nil
 	}
-	c := New(src, names, skipped)
+	var logged bytes.Buffer
+	c := New(src, names, skipped, slog.New(slog.NewTextHandler(&logged, nil)))
 	c.Refresh()
 	text, vals := scrape(t, c)
 	for key, want := range map[string]float64{
@@ -153,6 +156,9 @@ func TestCollector(t *testing.T) {
 	}
 	if _, ok := vals["socklane_lb_tracked_sockets"]; !ok {
 		t.Errorf("a failed counter read dropped the other metrics")
+	}
+	if !strings.Contains(logged.String(), "part=counters err=\"map gone\"") {
+		t.Errorf("the failed read is not logged with its part and error: %q", logged.String())
 	}
 }
 
