@@ -23,14 +23,10 @@ func (d *Datapath) eachTracked(fn func(cookie uint64, c servicelbSlLbConn)) erro
 }
 
 func trackedSocket(cookie uint64, c servicelbSlLbConn) TrackedSocket {
-	proto := service.TCP
-	if c.Proto == ipprotoUDP {
-		proto = service.UDP
-	}
 	return TrackedSocket{
 		Cookie:   cookie,
 		Netns:    c.Netns,
-		Protocol: proto,
+		Protocol: service.ProtocolOf(c.Proto),
 		Backend:  netip.AddrPortFrom(wordsAddr(c.Member.Be.Ip), c.Member.Be.Port),
 	}
 }

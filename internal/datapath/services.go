@@ -1,41 +1,15 @@
 package datapath
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/socklane/socklane/internal/service"
 )
 
 // IP protocol numbers of service ports.
-const (
-	ipprotoTCP = 6
-	ipprotoUDP = 17
-)
-
 const bankShift = servicelbSlLbLayoutSL_BANK_SHIFT
-
-func addrWords(a netip.Addr) [4]uint32 {
-	b := a.As16() // IPv4 becomes IPv4-mapped IPv6, as the datapath keys it
-	var w [4]uint32
-	for i := range w {
-		// Network byte order in memory: the words are stored as read.
-		w[i] = binary.NativeEndian.Uint32(b[4*i:])
-	}
-	return w
-}
-
-func wordsAddr(w [4]uint32) netip.Addr {
-	var b [16]byte
-	for i := range w {
-		binary.NativeEndian.PutUint32(b[4*i:], w[i])
-	}
-	return netip.AddrFrom16(b).Unmap()
-}
 
 // frontend is the datapath's view of one (VIP, port, protocol).
 type frontend struct {
@@ -264,80 +238,6 @@ func sameBackends(slots map[servicelbSlBackendKey]servicelbSlBackend, old servic
 	return true
 }
 
-const batchSize = 4096
-
-func batchPut[K, V any](m *ebpf.Map, keys []K, vals []V) error {
-	for i := 0; i < len(keys); i += batchSize {
-		j := min(i+batchSize, len(keys))
-		if _, err := m.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// readAll reads a whole (not per-CPU) map in batches.
-func readAll[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
-	out := map[K]V{}
-	keys, vals := make([]K, batchSize), make([]V, batchSize)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			out[keys[i]] = vals[i]
-		}
-		switch {
-		case errors.Is(err, ebpf.ErrKeyNotExist):
-			return out, nil
-		case errors.Is(err, ebpf.ErrNotSupported):
-			return readEach[K, V](m)
-		case err != nil:
-			return nil, err
-		}
-	}
-}
-
-func readEach[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
-	out := map[K]V{}
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		out[k] = v
-	}
-	return out, it.Err()
-}
-
-// deleteAll deletes keys in batches; missing ones are fine. The kernel
-// deletes a batch in order and stops at the first missing key, which is
-// skipped.
-func deleteAll[K any](m *ebpf.Map, keys []K) error {
-	for i := 0; i < len(keys); {
-		j := min(i+batchSize, len(keys))
-		n, err := m.BatchDelete(keys[i:j], nil)
-		i += n
-		switch {
-		case err == nil:
-		case errors.Is(err, ebpf.ErrKeyNotExist):
-			i++
-		case errors.Is(err, ebpf.ErrNotSupported):
-			return deleteEach(m, keys[i:])
-		default:
-			return err
-		}
-	}
-	return nil
-}
-
-func deleteEach[K any](m *ebpf.Map, keys []K) error {
-	for _, k := range keys {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
-		}
-	}
-	return nil
-}
-
 // Selection is how often the load balancer chose one backend of one
 // frontend.
 type Selection struct {
@@ -365,11 +265,7 @@ func (d *Datapath) ServiceStats() (*LBStats, error) {
 	var v servicelbSlSvcVal
 	it := d.lb.SlSvc.Iterate()
 	for it.Next(&k, &v) {
-		proto := service.TCP
-		if k.Proto == ipprotoUDP {
-			proto = service.UDP
-		}
-		fronts[v.Id] = service.Frontend{VIP: wordsAddr(k.Ip), Port: k.Port, Protocol: proto}
+		fronts[v.Id] = service.Frontend{VIP: wordsAddr(k.Ip), Port: k.Port, Protocol: service.ProtocolOf(k.Proto)}
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading services: %w", err)

@@ -30,6 +30,15 @@ func (p Protocol) Number() uint8 {
 	return 6
 }
 
+// ProtocolOf is the protocol of an IP protocol number as the datapath
+// records it (Number's inverse; anything but UDP is TCP).
+func ProtocolOf(n uint8) Protocol {
+	if n == 17 {
+		return UDP
+	}
+	return TCP
+}
+
 // Affinity is Kubernetes' sessionAffinity.
 type Affinity string
 

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -48,18 +47,6 @@ var pathNames = map[uint8]string{
 	uint8(bypassSlPathSL_PATH_TCP):       "tcp",
 }
 
-func addrOf(w [4]uint32) netip.Addr {
-	var b [16]byte
-	for i, v := range w {
-		// Words hold network-order bytes as loaded on a little-endian CPU.
-		b[4*i] = byte(v)
-		b[4*i+1] = byte(v >> 8)
-		b[4*i+2] = byte(v >> 16)
-		b[4*i+3] = byte(v >> 24)
-	}
-	return netip.AddrFrom16(b).Unmap()
-}
-
 // Conns reads the connection table: every connection with both ends, or one
 // end waiting, managed by this datapath.
 func (d *Datapath) Conns() ([]Conn, error) {
@@ -76,8 +63,8 @@ func (d *Datapath) Conns() ([]Conn, error) {
 		row := Conn{
 			Slot:        slot,
 			State:       stateNames[state],
-			Client:      netip.AddrPortFrom(addrOf(c.Client.LocalIp), c.Client.LocalPort),
-			Server:      netip.AddrPortFrom(addrOf(c.Client.RemoteIp), c.Client.RemotePort),
+			Client:      netip.AddrPortFrom(wordsAddr(c.Client.LocalIp), c.Client.LocalPort),
+			Server:      netip.AddrPortFrom(wordsAddr(c.Client.RemoteIp), c.Client.RemotePort),
 			NetNS:       c.ClientNetns,
 			ServerNetNS: c.ServerNetns,
 		}
@@ -105,65 +92,4 @@ func (d *Datapath) Conns() ([]Conn, error) {
 		return nil, err
 	}
 	return out, nil
-}
-
-// Programs returns the datapath's programs (for their kernel statistics).
-func (d *Datapath) Programs() []*ebpf.Program {
-	out := []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg, d.objs.SlRelease}
-	for _, p := range d.lbPrograms() {
-		if *p != nil {
-			out = append(out, *p)
-		}
-	}
-	return out
-}
-
-// BriefDest is a destination whose connections from one network namespace
-// were not worth joining the bypass: brief (one send each way, then close)
-// or with no managed server (remote, or not attached).
-type BriefDest struct {
-	Dest  netip.AddrPort `json:"dest"`
-	NetNS uint64         `json:"netns"`
-	// InARow counts such connections in a row; from SL_BRIEF_LEARN on,
-	// new connections to Dest from NetNS stay on TCP.
-	InARow  uint32 `json:"in_a_row"`
-	Skipped uint32 `json:"skipped"` // connections left on TCP since
-	NoPeer  bool   `json:"no_peer"` // the last one found no managed server
-	// ProbeEvery: one connection in this many still joins, as a probe
-	// (doubling from SL_BRIEF_PROBE after each probe; at the latest one
-	// second after the last connection that joined).
-	ProbeEvery uint32 `json:"probe_every"`
-}
-
-// BriefDests reads what the datapath learned of brief connections.
-func (d *Datapath) BriefDests() ([]BriefDest, error) {
-	var out []BriefDest
-	err := d.eachDest(func(k bypassSlDest, v bypassSlDestStat) {
-		out = append(out, BriefDest{
-			Dest:  netip.AddrPortFrom(addrOf(k.Ip), uint16(k.Port)),
-			NetNS: k.Netns, InARow: v.Brief, Skipped: v.Skipped, NoPeer: v.Remote != 0,
-			ProbeEvery: v.Every,
-		})
-	})
-	return out, err
-}
-
-// eachDest calls fn for every entry of sl_brief.
-func (d *Datapath) eachDest(fn func(bypassSlDest, bypassSlDestStat)) error {
-	return eachEntry(d.objs.SlBrief, bypassMapSlBrief, fn)
-}
-
-// eachEntry calls fn for every entry of a hash map; what names the map in
-// errors.
-func eachEntry[K, V any](m *ebpf.Map, what string, fn func(K, V)) error {
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		fn(k, v)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading %s: %w", what, err)
-	}
-	return nil
 }
