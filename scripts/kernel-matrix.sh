@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The kernel matrix: boots the kernels clusters run (Debian's 6.1 and 6.12
 # cloud kernels, from their packages; nothing is installed on the host's
-# /boot) in qemu, and runs the datapath's tests inside each, the static test
-# binaries of ./internal/kerneltest and ./internal/datapath in a busybox
-# initramfs (these kernels build no 9p: results come back on the serial
-# console). /dev/kvm here cannot run stock kernels, so qemu emulates (TCG).
+# /boot) in qemu, and runs the datapath's tests inside each: the static test
+# binaries of ./internal/kerneltest, ./internal/datapath, ./internal/sockbugs
+# and ./test/e2e in a busybox initramfs (these kernels build no 9p: results
+# come back on the serial console). /dev/kvm here cannot run stock kernels, so qemu emulates (TCG).
 #
 #   scripts/kernel-matrix.sh [--doc docs/kernels.md] [PACKAGE...]
 #
@@ -71,7 +71,9 @@ root="$work/root"
 mkdir -p "$root"/{bin,usr/bin,proc,sys,dev,tmp,run,tests,etc,lib64,sbin}
 mkdir -p "$root/var" && ln -s ../run "$root/var/run"
 for b in "${bins[@]}"; do
-  (cd "$here" && CGO_ENABLED=0 go test -c -trimpath -o "$root/tests/$b.test" "./internal/$b")
+  pkg="./internal/$b"
+  [ "$b" = e2e ] && pkg=./test/e2e
+  (cd "$here" && CGO_ENABLED=0 go test -c -trimpath -o "$root/tests/$b.test" "$pkg")
 done
 (cd "$here" && CGO_ENABLED=0 go build -trimpath -o "$root/usr/bin/socklane" ./cmd/socklane)
 # Scale (10,000 services, 10,000 connects racing applies, 64 streams of

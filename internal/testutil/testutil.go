@@ -28,6 +28,9 @@ func InCI() bool { return os.Getenv("CI") == "true" }
 // RequireRoot skips outside CI when not root, and fails in CI.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if os.Getenv(UnitEnv) != "" {
+		t.Skip("skipped: a unit run (make unit) leaves out what needs root and the kernel")
+	}
 	if os.Geteuid() == 0 {
 		return
 	}
@@ -36,6 +39,10 @@ func RequireRoot(t testing.TB) {
 	}
 	t.Skip("skipped: needs root (loads BPF programs, creates network namespaces); run `sudo make test`")
 }
+
+// UnitEnv, set (make unit), skips every test that needs root and the
+// kernel, as root too: the rest of every package runs in seconds.
+const UnitEnv = "SOCKLANE_UNIT"
 
 // RequireCommand skips outside CI when a program is missing, fails in CI.
 func RequireCommand(t testing.TB, name string) string {

@@ -11,74 +11,9 @@ import (
 	"time"
 
 	"github.com/socklane/socklane/internal/node"
-	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
 )
-
-// lbBed is a client pod, a host-network client and two backend pods, each
-// backend answering its own name over TCP and UDP on port 8080.
-type lbBed struct {
-	in     *testutil.Instance
-	client *testbed.Pod
-	host   *testbed.Pod
-	back   []*testbed.Pod
-	dir    string
-}
-
-func newLBBed(t *testing.T) *lbBed {
-	b := testutil.Bed(t)
-	lb := &lbBed{in: testutil.NewInstance(t), dir: t.TempDir()}
-	lb.client = testutil.Pod(t, b, "client")
-	lb.host = testutil.HostPod(t, b, "host")
-	for _, name := range []string{"be0", "be1"} {
-		p := testutil.Pod(t, b, name)
-		lb.back = append(lb.back, p)
-		for _, network := range []string{"tcp", "udp"} {
-			start(t, p, lb.in.Bin, "peer", "whoami", "[::]:8080", "--network", network, "--label", name)
-		}
-		waitPort(t, p, "[::]:8080")
-	}
-	lb.in.Attach(append([]*testbed.Pod{lb.client, lb.host}, lb.back...)...)
-	return lb
-}
-
-// writeServices writes a service file and returns its path.
-func (lb *lbBed) writeServices(t *testing.T, yaml string) string {
-	t.Helper()
-	f := filepath.Join(lb.dir, "services.yaml")
-	if err := os.WriteFile(f, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-func (lb *lbBed) apply(t *testing.T, yaml string) string {
-	t.Helper()
-	return lb.in.MustRun("svc", "apply", "-f", lb.writeServices(t, yaml))
-}
-
-func (lb *lbBed) probe(t *testing.T, from *testbed.Pod, mode, target string, count int) *peer.LBProbe {
-	t.Helper()
-	cmd, err := from.Command(lb.in.Bin, "peer", "lbprobe", target, "--mode", mode, "--count", fmt.Sprint(count))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("lbprobe %s %s: %v", mode, target, err)
-	}
-	var r peer.LBProbe
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("parsing %q: %v", out, err)
-	}
-	return &r
-}
-
-func (lb *lbBed) lbCounters(t *testing.T) map[string]uint64 {
-	t.Helper()
-	return lbCountersOf(t, lb.in)
-}
 
 const lbServices = `services:
   - name: who

@@ -324,24 +324,6 @@ func TestKubeServices(t *testing.T) {
 	}
 }
 
-// startAgent runs `socklane agent` on the bed's pods with extra flags.
-func startAgent(t *testing.T, lb *lbBed, logs *lockedBuffer, extra ...string) *proc {
-	t.Helper()
-	args := []string{"--name", lb.in.Name, "agent", "--cgroup", lb.client.Cgroup, "--metrics-address", ""}
-	for _, p := range lb.back {
-		args = append(args, "--cgroup", p.Cgroup)
-	}
-	cmd := exec.Command(lb.in.Bin, append(args, extra...)...)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	return &proc{cmd: cmd}
-}
-
-func ptr[T any](v T) *T { return &v }
-
 // TestKubeCRI: the DaemonSet's job on one node. The agent watches the
 // API server's pods of its node, attaches to those whose labels match
 // (found in the runtime by UID) and serves the API server's Services: a

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/socklane/socklane/internal/sockbugs"
 	"github.com/socklane/socklane/internal/testutil"
 )
 
@@ -157,17 +158,6 @@ func TestAgentRestartAndDown(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, f func() bool) {
-	t.Helper()
-	for i := 0; i < 200; i++ {
-		if f() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatal("condition never held")
-}
-
 // TestDemo runs the README's main command at a small size: it must keep
 // working as the datapath changes (it checks the kernel's counters itself).
 func TestDemo(t *testing.T) {
@@ -246,4 +236,12 @@ func TestSettingsFixedAtLoad(t *testing.T) {
 	if s := read().Settings; s.VerdictWindow != 0 || s.BypassBlocking != "bypass" || s.BacklogLimit != 2097152 {
 		t.Errorf("settings changed to %+v", s)
 	}
+}
+
+// fionreadBypassed: the datapath bypasses connections on a kernel whose
+// FIONREAD answers 0 for redirected bytes.
+func fionreadBypassed(t *testing.T, in *testutil.Instance) bool {
+	t.Helper()
+	st := readStatus(t, in)
+	return st.Settings.Bypass.On() && st.Kernel.Has(sockbugs.FIONREAD)
 }

@@ -12,28 +12,6 @@ import (
 	"github.com/socklane/socklane/internal/testutil"
 )
 
-// fanout runs `peer fanout` from the bed's client pod.
-func (lb *lbBed) fanout(t *testing.T, burst bool, rounds int, targets ...string) *peer.FanoutReport {
-	t.Helper()
-	args := append([]string{"peer", "fanout", "--rounds", fmt.Sprint(rounds)}, targets...)
-	if burst {
-		args = append(args, "--burst")
-	}
-	cmd, err := lb.client.Command(lb.in.Bin, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("fanout: %v: %s", err, out)
-	}
-	var r peer.FanoutReport
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("parsing %q: %v", out, err)
-	}
-	return &r
-}
-
 // TestServiceLBEdgeCases: one unconnected UDP socket talking to VIPs
 // whose backends coincide, or to more VIPs than it keeps translations
 // for, gets every reply from the VIP it asked; a connect racing an apply
@@ -161,4 +139,26 @@ func TestServiceLBEdgeCases(t *testing.T) {
 			t.Errorf("sl_svc_backends holds %d slots after alternating applies of one backend, want 2 (live and previous bank)", n)
 		}
 	})
+}
+
+// fanout runs `peer fanout` from the bed's client pod.
+func (lb *lbBed) fanout(t *testing.T, burst bool, rounds int, targets ...string) *peer.FanoutReport {
+	t.Helper()
+	args := append([]string{"peer", "fanout", "--rounds", fmt.Sprint(rounds)}, targets...)
+	if burst {
+		args = append(args, "--burst")
+	}
+	cmd, err := lb.client.Command(lb.in.Bin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("fanout: %v: %s", err, out)
+	}
+	var r peer.FanoutReport
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("parsing %q: %v", out, err)
+	}
+	return &r
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"os/exec"
 	"strings"
@@ -12,37 +11,6 @@ import (
 	"github.com/socklane/socklane/internal/cri"
 	"github.com/socklane/socklane/internal/testutil"
 )
-
-func criPods(t *testing.T, rt *testutil.Runtime) map[string]cri.Pod {
-	t.Helper()
-	pods, err := rt.Client.Pods(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]cri.Pod{}
-	for _, p := range pods {
-		out[p.Key()] = p
-	}
-	return out
-}
-
-// managedPods reads `socklane pods -o json` of an instance.
-func managedPods(t *testing.T, in *testutil.Instance, socket string) map[string]bool {
-	t.Helper()
-	var views []struct {
-		Namespace, Name string
-		Managed         bool `json:"managed"`
-	}
-	out := in.MustRun("pods", "-o", "json", "--cri-socket", socket)
-	if err := json.Unmarshal([]byte(out), &views); err != nil {
-		t.Fatalf("pods -o json: %v\n%s", err, out)
-	}
-	m := map[string]bool{}
-	for _, v := range views {
-		m[v.Namespace+"/"+v.Name] = v.Managed
-	}
-	return m
-}
 
 // TestCRIPods: pods of a real containerd, attached by namespace/name
 // through the CRI; traffic between two attached pods is bypassed, a third

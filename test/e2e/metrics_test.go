@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -12,17 +10,6 @@ import (
 
 	"github.com/socklane/socklane/internal/testutil"
 )
-
-func httpGet(url string) (int, string, error) {
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
 
 // TestAgentMetrics scrapes the agent's /metrics during and after a pod to
 // pod transfer of known size: the exposition parses with the Prometheus

@@ -1,127 +1,15 @@
 package e2e
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"os/exec"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
 )
-
-// holder is a `peer hold` process: sockets held open through a VIP.
-type holder struct {
-	cmd     *exec.Cmd
-	events  chan peer.HoldEvent
-	backend map[int]string // socket index -> backend it reached
-}
-
-func startHold(t *testing.T, lb *lbBed, from *testbed.Pod, conns int, args ...string) *holder {
-	t.Helper()
-	cmd, err := from.Command(lb.in.Bin, append([]string{"peer", "hold", "--conns", fmt.Sprint(conns), "--for", "60s"}, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	h := &holder{cmd: cmd, events: make(chan peer.HoldEvent, 4*conns), backend: map[int]string{}}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	go func() {
-		defer close(h.events)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var e peer.HoldEvent
-			if json.Unmarshal(sc.Bytes(), &e) == nil {
-				h.events <- e
-			}
-		}
-	}()
-	deadline := time.After(60 * time.Second) // emulated kernels are slow
-	for {
-		select {
-		case e, ok := <-h.events:
-			if !ok {
-				t.Fatalf("peer hold %v ended before all sockets were open: %s", args, stderr.String())
-			}
-			switch e.Event {
-			case "open":
-				h.backend[e.Index] = e.Backend
-			case "ready":
-				return h
-			case "closed":
-				t.Fatalf("socket %d closed before the test began: %s", e.Index, e.Error)
-			}
-		case <-deadline:
-			t.Fatalf("peer hold %v: sockets not open after 60s: %s", args, stderr.String())
-		}
-	}
-}
-
-// on lists the sockets that reached backend.
-func (h *holder) on(backend string) []int {
-	var out []int
-	for i, b := range h.backend {
-		if b == backend {
-			out = append(out, i)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// closed collects close events until want sockets have closed and then
-// for linger more (to catch sockets that should have stayed open).
-func (h *holder) closed(t *testing.T, want int, linger time.Duration) map[int]string {
-	t.Helper()
-	got := map[int]string{}
-	timeout := time.After(10 * time.Second)
-	var settle <-chan time.Time
-	if want == 0 {
-		settle = time.After(linger)
-	}
-	for {
-		select {
-		case e, ok := <-h.events:
-			if !ok {
-				return got
-			}
-			if e.Event == "closed" {
-				got[e.Index] = e.Error
-				if len(got) == want {
-					settle = time.After(linger)
-				}
-			}
-		case <-settle:
-			return got
-		case <-timeout:
-			return got
-		}
-	}
-}
-
-// applyJSON applies services and returns the apply's report.
-func (lb *lbBed) applyJSON(t *testing.T, yaml string) map[string]float64 {
-	t.Helper()
-	var r map[string]float64
-	out := lb.in.MustRun("svc", "apply", "-f", lb.writeServices(t, yaml), "-o", "json")
-	if err := json.Unmarshal([]byte(out), &r); err != nil {
-		t.Fatalf("svc apply -o json: %v: %s", err, out)
-	}
-	return r
-}
 
 // checkRemoval removes backend gone from the held sockets' service and
 // checks that exactly its sockets are destroyed.
@@ -256,18 +144,6 @@ func TestServiceDNS(t *testing.T) {
 	}
 }
 
-// trackedSockets reads the load balancer's translated-socket table size.
-func trackedSockets(t *testing.T, in *testutil.Instance) int {
-	t.Helper()
-	var st struct {
-		Tracked int `json:"lb_tracked_sockets"`
-	}
-	if out := in.MustRun("status", "-o", "json"); json.Unmarshal([]byte(out), &st) != nil {
-		t.Fatalf("parsing status: %s", out)
-	}
-	return st.Tracked
-}
-
 // TestServiceTrackedPrune: TCP sockets translated at connect are recorded
 // by cookie (their getpeername answers from there, since they get no
 // socket storage). Sockets that close while their cgroup is detached leave
@@ -308,4 +184,27 @@ func TestServiceTrackedPrune(t *testing.T) {
 	checkRemoval(t, []*holder{live}, "be0", func() map[string]float64 {
 		return lb.applyJSON(t, fmt.Sprintf(removalServices, fmt.Sprintf("      - {ip: %s}\n", be1.IPv4)))
 	})
+}
+
+// applyJSON applies services and returns the apply's report.
+func (lb *lbBed) applyJSON(t *testing.T, yaml string) map[string]float64 {
+	t.Helper()
+	var r map[string]float64
+	out := lb.in.MustRun("svc", "apply", "-f", lb.writeServices(t, yaml), "-o", "json")
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("svc apply -o json: %v: %s", err, out)
+	}
+	return r
+}
+
+// trackedSockets reads the load balancer's translated-socket table size.
+func trackedSockets(t *testing.T, in *testutil.Instance) int {
+	t.Helper()
+	var st struct {
+		Tracked int `json:"lb_tracked_sockets"`
+	}
+	if out := in.MustRun("status", "-o", "json"); json.Unmarshal([]byte(out), &st) != nil {
+		t.Fatalf("parsing status: %s", out)
+	}
+	return st.Tracked
 }

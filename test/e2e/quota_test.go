@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -12,48 +11,6 @@ import (
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
 )
-
-// background starts name in pod p with its output in a locked buffer, and
-// waits until the output says ready.
-func backgroundIn(t *testing.T, p *testbed.Pod, ready string, name string, args ...string) (*exec.Cmd, *lockedBuffer) {
-	t.Helper()
-	cmd, err := p.Command(name, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out lockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	waitForLog(t, &out, func() bool { return strings.Contains(out.String(), ready) })
-	return cmd, &out
-}
-
-// owners reads `status -o json`'s owners over quota and quotas.
-func owners(t *testing.T, in *testutil.Instance) ([]datapath.Owner, datapath.Quotas) {
-	t.Helper()
-	var st struct {
-		Quotas    datapath.Quotas  `json:"owner_quotas"`
-		OverQuota []datapath.Owner `json:"owners_over_quota"`
-	}
-	if err := json.Unmarshal([]byte(in.MustRun("status", "-o", "json")), &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.OverQuota, st.Quotas
-}
-
-func ownerOf(t *testing.T, in *testutil.Instance, p *testbed.Pod) *datapath.Owner {
-	t.Helper()
-	over, _ := owners(t, in)
-	for i := range over {
-		if over[i].Cgroup == p.CgroupID {
-			return &over[i]
-		}
-	}
-	return nil
-}
 
 // TestOwnerQuotas: one pod tries to fill each node-wide table; it is held
 // to its quota (counted, and named by status), and another pod's bypass,
@@ -180,6 +137,35 @@ func TestOwnerQuotas(t *testing.T) {
 			}
 		}
 	})
+}
+
+// background starts name in pod p with its output in a locked buffer, and
+// waits until the output says ready.
+func backgroundIn(t *testing.T, p *testbed.Pod, ready string, name string, args ...string) (*exec.Cmd, *lockedBuffer) {
+	t.Helper()
+	cmd, err := p.Command(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	waitForLog(t, &out, func() bool { return strings.Contains(out.String(), ready) })
+	return cmd, &out
+}
+
+func ownerOf(t *testing.T, in *testutil.Instance, p *testbed.Pod) *datapath.Owner {
+	t.Helper()
+	over, _ := owners(t, in)
+	for i := range over {
+		if over[i].Cgroup == p.CgroupID {
+			return &over[i]
+		}
+	}
+	return nil
 }
 
 // runIn runs a command in a pod and fails the test on error.

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,49 +16,6 @@ import (
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
 )
-
-// background runs socklane in the background and waits for it to print
-// readyLine on stderr; it returns the process and its stdout.
-func background(t *testing.T, in *testutil.Instance, readyLine string, args ...string) (*exec.Cmd, io.Reader, *lockedBuffer) {
-	t.Helper()
-	cmd := exec.Command(in.Bin, append([]string{"--name", in.Name}, args...)...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	var errText lockedBuffer
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		signalled := false
-		for sc.Scan() {
-			fmt.Fprintln(&errText, sc.Text())
-			if !signalled && strings.Contains(sc.Text(), readyLine) {
-				close(ready)
-				signalled = true
-			}
-		}
-	}()
-	select {
-	case <-ready:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("socklane %v did not become ready: %s", args, errText.String())
-	}
-	return cmd, stdout, &errText
-}
 
 // TestEvents: the event stream shows a bypassed connection's establish,
 // bypass and close in order, with the close carrying its byte totals, and

@@ -16,16 +16,6 @@ import (
 	"github.com/socklane/socklane/internal/testutil"
 )
 
-// run runs a command in a pod to completion and returns its stdout.
-func run(t *testing.T, p *testbed.Pod, timeout time.Duration, name string, args ...string) string {
-	t.Helper()
-	pr := start(t, p, name, args...)
-	if err := pr.wait(t, timeout); err != nil {
-		t.Fatalf("%s %s: %v\nstdout: %s\nstderr: %s", name, strings.Join(args, " "), err, pr.out.String(), pr.err.String())
-	}
-	return pr.out.String()
-}
-
 // defaultBypass: the instance loads with the default settings, as users
 // run it, and reports whether that bypasses (--bypass auto: not on a
 // kernel whose sockmap would break such programs, 6.1).
