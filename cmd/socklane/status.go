@@ -60,6 +60,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 			} else {
 				rep.Settings = &st
 				rep.Decided = dp.Features().Decided(st)
+				rep.Quotas = st.Quotas()
 			}
 			if rep.Attachments, err = dp.Attachments(); err != nil {
 				return err
@@ -87,7 +88,6 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if rep.TrackedSockets, err = dp.TrackedSockets(); err != nil {
 				return err
 			}
-			rep.Quotas = datapath.OwnerQuotas()
 			owners, err := dp.Owners()
 			if err != nil {
 				return err

@@ -24,6 +24,11 @@
 #include <bpf/bpf_core_read.h>
 #include "sl_consts.h"
 #include "sl_structs.h"
+#include "sl_config_structs.h"
+
+/* The load-time settings (struct sl_config, sl_config_structs.h). */
+const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
+
 #include "sl_maps.h"
 #include "sl_event_maps.h"
 #include "sl_kernel.h"
@@ -51,17 +56,6 @@ struct sl_enums {
 	enum sl_mode mode;
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
-
-/* The load-time settings (struct sl_config in sl_structs.h): these are
- * what a datapath loads with unless the loader says otherwise. */
-const volatile struct sl_config sl_settings = {
-	.bypass = SL_MODE_ON,
-	.backlog_limit = SL_DEFAULT_BACKLOG_LIMIT,
-	.verdict_window = SL_DEFAULT_VERDICT_WINDOW,
-	.bypass_blocking = SL_MODE_OFF,
-	.bypass_brief = SL_MODE_OFF,
-	.listener_kptr = 1,
-};
 
 static __always_inline int is_loopback(const __u32 ip[4])
 {

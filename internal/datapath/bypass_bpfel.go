@@ -52,6 +52,9 @@ type bypassSlConfig struct {
 	VerdictWindow  uint32
 	BypassBlocking bypassSlMode
 	BypassBrief    bypassSlMode
+	OwnerConns     uint32
+	OwnerListeners uint32
+	OwnerLbConns   uint32
 	ListenerKptr   uint32
 }
 
@@ -215,7 +218,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 9
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 10
 )
 
 type bypassSlListener struct {
@@ -260,9 +263,12 @@ const (
 type bypassSlQuota uint32
 
 const (
-	bypassSlQuotaSL_OWNER_CONNS     bypassSlQuota = 8192
-	bypassSlQuotaSL_OWNER_LISTENERS bypassSlQuota = 1024
-	bypassSlQuotaSL_OWNER_LB_CONNS  bypassSlQuota = 16384
+	bypassSlQuotaSL_OWNER_CONNS         bypassSlQuota = 8192
+	bypassSlQuotaSL_OWNER_LISTENERS     bypassSlQuota = 1024
+	bypassSlQuotaSL_OWNER_LB_CONNS      bypassSlQuota = 16384
+	bypassSlQuotaSL_QUOTA_MAX_CONNS     bypassSlQuota = 65536
+	bypassSlQuotaSL_QUOTA_MAX_LISTENERS bypassSlQuota = 65536
+	bypassSlQuotaSL_QUOTA_MAX_LB_CONNS  bypassSlQuota = 131072
 )
 
 type bypassSlReclaimArgs struct {

@@ -107,39 +107,41 @@ func Open(cfg Config) (*Datapath, error) {
 }
 
 // loadSpec is the embedded object adapted to the kernel, its maps pinned
-// by name and its settings those of want as resolved there.
-func loadSpec(f *Features, want Settings) (*ebpf.CollectionSpec, error) {
+// by name and its settings those of want as resolved there (returned: the
+// load balancer loads with the same).
+func loadSpec(f *Features, want Settings) (*ebpf.CollectionSpec, Settings, error) {
 	if err := want.Validate(); err != nil {
-		return nil, err
+		return nil, Settings{}, err
 	}
 	spec, err := loadBypass()
 	if err != nil {
-		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
+		return nil, Settings{}, fmt.Errorf("loading embedded BPF object: %w", err)
 	}
 	if err := f.adapt(spec); err != nil {
-		return nil, err
+		return nil, Settings{}, err
 	}
 	for _, m := range spec.Maps {
 		if strings.HasPrefix(m.Name, "sl_") {
 			m.Pinning = ebpf.PinByName
 		}
 	}
-	if err := want.Resolve(*f).set(spec); err != nil {
-		return nil, err
+	loaded := want.Resolve(*f)
+	if err := loaded.set(spec, bypassVarSlSettings); err != nil {
+		return nil, Settings{}, err
 	}
-	return spec, nil
+	return spec, loaded, nil
 }
 
 func create(cfg Config, f Features) (*Datapath, error) {
 	// The sockmap bugs decide the settings left to the kernel: found
 	// first, in a network namespace of their own, recorded once loaded.
 	f.setBugs(sockbugs.Detect())
-	spec, err := loadSpec(&f, cfg.Settings)
+	spec, loaded, err := loadSpec(&f, cfg.Settings)
 	if err != nil {
 		return nil, err
 	}
 	d := &Datapath{cfg: cfg, features: f}
-	if d.layout, err = layoutOf(spec); err != nil {
+	if d.layout, err = layoutOf(spec, bypassVarSlSettings); err != nil {
 		return nil, err
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
@@ -161,7 +163,7 @@ func create(cfg Config, f Features) (*Datapath, error) {
 		return nil, err
 	}
 	d.recordBugs()
-	if err := d.createLB(); err != nil {
+	if err := d.createLB(loaded); err != nil {
 		return nil, err
 	}
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
@@ -197,12 +199,12 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 	}
 	// Only the pinned maps are taken from the spec: the programs, and
 	// the settings they were loaded with, are the running ones.
-	spec, err := loadSpec(&f, cfg.Settings)
+	spec, _, err := loadSpec(&f, cfg.Settings)
 	if err != nil {
 		return nil, err
 	}
 	d := &Datapath{cfg: cfg, adopted: true, features: f}
-	if d.layout, err = layoutOf(spec); err != nil {
+	if d.layout, err = layoutOf(spec, bypassVarSlSettings); err != nil {
 		return nil, err
 	}
 	// Maps are reused from their pins by LoadAndAssign; programs are the

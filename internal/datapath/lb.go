@@ -60,11 +60,14 @@ func (d *Datapath) lbPrograms() map[string]**ebpf.Program {
 	}
 }
 
-// createLB loads the load balancer into the pin directory and pins its
-// programs.
-func (d *Datapath) createLB() error {
+// createLB loads the load balancer, with the settings the bypass loaded
+// with, into the pin directory and pins its programs.
+func (d *Datapath) createLB(loaded Settings) error {
 	spec, err := loadLBSpec()
 	if err != nil {
+		return err
+	}
+	if err := loaded.set(spec, servicelbVarSlSettings); err != nil {
 		return err
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}

@@ -17,15 +17,6 @@ type Quotas struct {
 	LBConns   uint64 `json:"lb_conns"`
 }
 
-// OwnerQuotas are the datapath's quotas (enum sl_quota).
-func OwnerQuotas() Quotas {
-	return Quotas{
-		Conns:     uint64(bypassSlQuotaSL_OWNER_CONNS),
-		Listeners: uint64(bypassSlQuotaSL_OWNER_LISTENERS),
-		LBConns:   uint64(bypassSlQuotaSL_OWNER_LB_CONNS),
-	}
-}
-
 // Owner is what one cgroup holds of the node-wide tables, and what it was
 // refused beyond its quota.
 type Owner struct {

@@ -21,6 +21,7 @@
 #include <bpf/bpf_endian.h>
 #include "sl_consts.h"
 #include "sl_lb_structs.h"
+#include "sl_config_structs.h"
 #include "sl_lb_maps.h"
 #include "sl_event_maps.h"
 #include "sl_kernel.h"
@@ -321,7 +322,11 @@ static __always_inline void lb_owner_release(__u64 owner)
 	}
 }
 
-/* Charges owner one sl_lb_conns entry within SL_OWNER_LB_CONNS. */
+/* The load-time settings, as bypass.c has them (the loader writes both
+ * from one value); the load balancer reads its owner quota. */
+const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
+
+/* Charges owner one sl_lb_conns entry within its quota. */
 static __always_inline int lb_owner_charge(__u64 owner)
 {
 	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
@@ -332,7 +337,7 @@ static __always_inline int lb_owner_charge(__u64 owner)
 		if (!o)
 			return 0;
 	}
-	if (__sync_fetch_and_add(&o->conns, 1) < SL_OWNER_LB_CONNS)
+	if (__sync_fetch_and_add(&o->conns, 1) < sl_settings.owner_lb_conns)
 		return 1;
 	__sync_fetch_and_add(&o->conns, -1);
 	__sync_fetch_and_add(&o->refused, 1);

@@ -150,6 +150,7 @@ const (
 	servicelbProgSlSendmsg6     = "sl_sendmsg6"
 	servicelbProgSlSockRelease  = "sl_sock_release"
 	servicelbVarSlLbEnumsUnused = "sl_lb_enums_unused"
+	servicelbVarSlSettings      = "sl_settings"
 )
 
 // loadServicelb returns the embedded CollectionSpec for servicelb.
@@ -229,6 +230,7 @@ type servicelbMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type servicelbVariableSpecs struct {
 	SlLbEnumsUnused *ebpf.VariableSpec `ebpf:"sl_lb_enums_unused"`
+	SlSettings      *ebpf.VariableSpec `ebpf:"sl_settings"`
 }
 
 // servicelbObjects contains all objects after they have been loaded into the kernel.
@@ -287,6 +289,7 @@ func (m *servicelbMaps) Close() error {
 // It can be passed to loadServicelbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type servicelbVariables struct {
 	SlLbEnumsUnused *ebpf.Variable `ebpf:"sl_lb_enums_unused"`
+	SlSettings      *ebpf.Variable `ebpf:"sl_settings"`
 }
 
 // servicelbPrograms contains all programs after they have been loaded into the kernel.

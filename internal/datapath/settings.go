@@ -37,12 +37,26 @@ const (
 	MaxVerdictWindow     = uint32(bypassSlDefaultsSL_MAX_VERDICT_WINDOW)
 )
 
+// Default owner quotas and their bounds (enum sl_quota): the tables'
+// sizes.
+const (
+	DefaultOwnerConns     = uint32(bypassSlQuotaSL_OWNER_CONNS)
+	DefaultOwnerListeners = uint32(bypassSlQuotaSL_OWNER_LISTENERS)
+	DefaultOwnerLBConns   = uint32(bypassSlQuotaSL_OWNER_LB_CONNS)
+)
+
 // DefaultSettings are what a load asks for when nothing is given: the
 // bypass and blocking readers left to the kernel's bugs, the backlog limit
-// to net.ipv4.tcp_rmem, the default verdict window, brief connections
-// learnt and left on TCP.
+// to net.ipv4.tcp_rmem, the default verdict window and owner quotas, brief
+// connections learnt and left on TCP.
 func DefaultSettings() Settings {
-	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff}
+	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
+		OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns}
+}
+
+// Quotas are what one owner may hold under s.
+func (s Settings) Quotas() Quotas {
+	return Quotas{Conns: uint64(s.OwnerConns), Listeners: uint64(s.OwnerListeners), LBConns: uint64(s.OwnerLbConns)}
 }
 
 // On reports whether a resolved mode is on.
@@ -75,6 +89,16 @@ func (s Settings) Resolve(f Features) Settings {
 	if s.BacklogLimit == 0 {
 		s.BacklogLimit = tcpRmemMax()
 	}
+	for _, q := range []struct {
+		v   *uint32
+		def uint32
+	}{
+		{&s.OwnerConns, DefaultOwnerConns}, {&s.OwnerListeners, DefaultOwnerListeners}, {&s.OwnerLbConns, DefaultOwnerLBConns},
+	} {
+		if *q.v == 0 {
+			*q.v = q.def
+		}
+	}
 	s.ListenerKptr = 0
 	if f.HashKptr {
 		s.ListenerKptr = 1
@@ -90,9 +114,10 @@ type setting struct {
 	// (a mode without a word is not accepted).
 	mode  func(*Settings) *Mode
 	words map[Mode]string
-	// bytes is a number of bytes' field, at most max (0: any).
-	bytes func(*Settings) *uint32
-	max   uint32
+	// num is a number's field, counting unit, at most max (0: any).
+	num  func(*Settings) *uint32
+	unit string
+	max  uint32
 }
 
 // settingTable lists the user settings in flag order.
@@ -100,14 +125,20 @@ func settingTable() []setting {
 	return []setting{
 		{name: "bypass", mode: func(s *Settings) *Mode { return &s.Bypass }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "on", ModeOff: "off"},
 			usage: "bypass connections between managed sockets: on, off (all stay on TCP; services, events and metrics still work), or auto (off where the kernel's FIONREAD answers 0 for redirected bytes, which hangs programs that size their reads by it, or where its sockmap loses wake-ups or FINs; found by behaviour at load)"},
-		{name: "backlog-limit", bytes: func(s *Settings) *uint32 { return &s.BacklogLimit },
+		{name: "backlog-limit", num: func(s *Settings) *uint32 { return &s.BacklogLimit }, unit: "bytes",
 			usage: "receiver backlog in bytes (at least the receiver's SO_RCVBUF) above which, for about 50 ms or at once above twice it, a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)"},
 		{name: "blocking-sockets", mode: func(s *Settings) *Mode { return &s.BypassBlocking }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "connections with an end reading in blocking mode: tcp, bypass, or auto (tcp where the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN, found by behaviour at load)"},
 		{name: "brief-connections", mode: func(s *Settings) *Mode { return &s.BypassBrief }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass"},
-		{name: "verdict-window", bytes: func(s *Settings) *uint32 { return &s.VerdictWindow }, max: MaxVerdictWindow,
+		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,
 			usage: "sends smaller than this many bytes redirect under one verdict for the next this-many bytes (0: a verdict per send)"},
+		{name: "owner-conns", num: func(s *Settings) *uint32 { return &s.OwnerConns }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_CONNS),
+			usage: "bypass connection slots one cgroup (a pod's container) may hold; its further connections stay on TCP (0: the default)"},
+		{name: "owner-listeners", num: func(s *Settings) *uint32 { return &s.OwnerListeners }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_LISTENERS),
+			usage: "listening sockets one cgroup may have learned; connections to its further listeners stay on TCP (0: the default)"},
+		{name: "owner-lb-conns", num: func(s *Settings) *uint32 { return &s.OwnerLbConns }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_LB_CONNS),
+			usage: "connected sockets to service addresses one cgroup may have recorded for destruction when their backend goes (0: the default)"},
 	}
 }
 
@@ -128,7 +159,7 @@ func (st setting) format(s *Settings) string {
 		}
 		return fmt.Sprintf("mode(%d)", *st.mode(s))
 	}
-	return strconv.FormatUint(uint64(*st.bytes(s)), 10)
+	return strconv.FormatUint(uint64(*st.num(s)), 10)
 }
 
 // spelling lists the words st's flag takes.
@@ -155,9 +186,9 @@ func (st setting) parse(s *Settings, v string) error {
 	}
 	n, err := strconv.ParseUint(v, 10, 32)
 	if err != nil {
-		return errors.New("want a number of bytes")
+		return fmt.Errorf("want a number of %s", st.unit)
 	}
-	*st.bytes(s) = uint32(n)
+	*st.num(s) = uint32(n)
 	return st.check(s)
 }
 
@@ -170,8 +201,8 @@ func (st setting) check(s *Settings) error {
 		}
 		return nil
 	}
-	if n := *st.bytes(s); st.max != 0 && n > st.max {
-		return fmt.Errorf("want at most %d bytes", st.max)
+	if n := *st.num(s); st.max != 0 && n > st.max {
+		return fmt.Errorf("want at most %d %s", st.max, st.unit)
 	}
 	return nil
 }
@@ -200,7 +231,7 @@ func (f SettingFlag) Type() string {
 	if f.st.mode != nil {
 		return "mode"
 	}
-	return "bytes"
+	return f.st.unit
 }
 
 // Flags are s's settings as flags, bound to s.
@@ -229,14 +260,14 @@ func (s Settings) Differs(want Settings, given []string) (SettingDiff, bool) {
 }
 
 // MarshalJSON writes the user settings keyed by flag name, as the flags
-// spell them (numbers of bytes as numbers).
+// spell them (numbers as numbers).
 func (s Settings) MarshalJSON() ([]byte, error) {
 	out := map[string]any{}
 	for _, st := range settingTable() {
 		if st.mode != nil {
 			out[st.name] = st.format(&s)
 		} else {
-			out[st.name] = *st.bytes(&s)
+			out[st.name] = *st.num(&s)
 		}
 	}
 	return json.Marshal(out)
@@ -269,14 +300,14 @@ func (s *Settings) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// set writes s into the settings global of spec.
-func (s Settings) set(spec *ebpf.CollectionSpec) error {
-	v, ok := spec.Variables[bypassVarSlSettings]
+// set writes s into the settings global name of spec.
+func (s Settings) set(spec *ebpf.CollectionSpec, name string) error {
+	v, ok := spec.Variables[name]
 	if !ok {
-		return fmt.Errorf("the datapath object has no %s", bypassVarSlSettings)
+		return fmt.Errorf("the datapath object has no %s", name)
 	}
 	if err := v.Set(s); err != nil {
-		return fmt.Errorf("setting %s: %w", bypassVarSlSettings, err)
+		return fmt.Errorf("setting %s: %w", name, err)
 	}
 	return nil
 }
@@ -288,10 +319,10 @@ type settingsLayout struct {
 	rodata *ebpf.MapSpec
 }
 
-func layoutOf(spec *ebpf.CollectionSpec) (settingsLayout, error) {
-	v, ok := spec.Variables[bypassVarSlSettings]
+func layoutOf(spec *ebpf.CollectionSpec, name string) (settingsLayout, error) {
+	v, ok := spec.Variables[name]
 	if !ok {
-		return settingsLayout{}, fmt.Errorf("finding the datapath's settings: no %s", bypassVarSlSettings)
+		return settingsLayout{}, fmt.Errorf("finding the datapath's settings: no %s", name)
 	}
 	return settingsLayout{v: v, rodata: spec.Maps[v.SectionName]}, nil
 }
@@ -299,13 +330,31 @@ func layoutOf(spec *ebpf.CollectionSpec) (settingsLayout, error) {
 // Settings reads the settings the running datapath was loaded with, from
 // the read-only data of its sl_msg program (an adopted datapath may have
 // been loaded by another command with other flags).
-func (d *Datapath) Settings() (Settings, error) {
-	data, err := d.rodata(d.layout.rodata)
+func (d *Datapath) Settings() (Settings, error) { return settingsOf(d.objs.SlMsg, d.layout) }
+
+// lbSettings reads the settings the load balancer's programs run with
+// (connect4's read-only data).
+func (d *Datapath) lbSettings() (Settings, error) {
+	spec, err := loadServicelb()
+	if err != nil {
+		return Settings{}, fmt.Errorf("loading embedded service load balancer object: %w", err)
+	}
+	l, err := layoutOf(spec, servicelbVarSlSettings)
+	if err != nil {
+		return Settings{}, err
+	}
+	return settingsOf(d.lb.SlConnect4, l)
+}
+
+// settingsOf decodes the settings prog runs with from the read-only data
+// map shaped as l says.
+func settingsOf(prog *ebpf.Program, l settingsLayout) (Settings, error) {
+	data, err := rodata(prog, l.rodata)
 	if err != nil {
 		return Settings{}, err
 	}
 	var s Settings
-	v := d.layout.v
+	v := l.v
 	end := int(v.Offset) + int(v.Size())
 	if int(v.Size()) != binary.Size(s) || end > len(data) {
 		return Settings{}, fmt.Errorf("reading %s: not a %d-byte struct inside %d bytes of read-only data", v.Name, binary.Size(s), len(data))
@@ -316,15 +365,15 @@ func (d *Datapath) Settings() (Settings, error) {
 	return s, nil
 }
 
-// rodata finds the read-only data map sl_msg runs with (the one shaped
-// like want) and returns its contents.
-func (d *Datapath) rodata(want *ebpf.MapSpec) ([]byte, error) {
+// rodata finds the read-only data map prog runs with (the one shaped like
+// want) and returns its contents.
+func rodata(prog *ebpf.Program, want *ebpf.MapSpec) ([]byte, error) {
 	if want == nil {
 		return nil, errors.New("the datapath object has no read-only data")
 	}
-	info, err := d.objs.SlMsg.Info()
+	info, err := prog.Info()
 	if err != nil {
-		return nil, fmt.Errorf("reading sl_msg's info: %w", err)
+		return nil, fmt.Errorf("reading %s's info: %w", prog, err)
 	}
 	ids, ok := info.MapIDs()
 	if !ok {
@@ -344,9 +393,9 @@ func (d *Datapath) rodata(want *ebpf.MapSpec) ([]byte, error) {
 		err = m.Lookup(uint32(0), &data)
 		m.Close()
 		if err != nil {
-			return nil, fmt.Errorf("reading sl_msg's read-only data: %w", err)
+			return nil, fmt.Errorf("reading %s's read-only data: %w", prog, err)
 		}
 		return data, nil
 	}
-	return nil, errors.New("sl_msg runs without the read-only data its settings live in")
+	return nil, fmt.Errorf("%s runs without the read-only data its settings live in", prog)
 }

@@ -16,15 +16,26 @@ import (
 // with other settings asked for (adoption keeps what was loaded).
 func TestSettingsReadBack(t *testing.T) {
 	for i, want := range []Settings{
-		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff},
-		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff},
-		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn},
-		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn},
+		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
+			OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns},
+		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
+			OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3},
+		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
+			OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072},
+		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
+			OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
 			dp := testDatapathWith(t, Config{PinDir: dir, Settings: want})
 			got, err := dp.Settings()
+			if err == nil {
+				var lb Settings
+				lb, err = dp.lbSettings()
+				if err == nil && lb != got {
+					t.Errorf("the load balancer loaded %+v, the bypass %+v", lb, got)
+				}
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,6 +76,9 @@ func TestResolve(t *testing.T) {
 	}
 	if got := (Settings{BacklogLimit: 5}).Resolve(fit).BacklogLimit; got != 5 {
 		t.Errorf("backlog limit 5 read as %d", got)
+	}
+	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns)}) {
+		t.Errorf("quotas of a request with one given: %+v", q)
 	}
 	with := func(msgTotLen bool, names ...string) Features {
 		f := Features{PsockMsgTotLen: msgTotLen}
@@ -117,6 +131,11 @@ func TestSettingFlags(t *testing.T) {
 		{"backlog-limit", "-1", nil, "want a number of bytes"},
 		{"verdict-window", "0", func(s Settings) bool { return s.VerdictWindow == 0 }, ""},
 		{"verdict-window", "1048577", nil, "want at most 1048576 bytes"},
+		{"owner-conns", "256", func(s Settings) bool { return s.OwnerConns == 256 }, ""},
+		{"owner-conns", "65537", nil, "want at most 65536 entries"},
+		{"owner-listeners", "1", func(s Settings) bool { return s.OwnerListeners == 1 }, ""},
+		{"owner-lb-conns", "131072", func(s Settings) bool { return s.OwnerLbConns == 131072 }, ""},
+		{"owner-lb-conns", "many", nil, "want a number of entries"},
 	} {
 		s := DefaultSettings()
 		var err error

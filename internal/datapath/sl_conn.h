@@ -134,13 +134,13 @@ static __always_inline int owner_charge(__u64 owner, int what)
 			return 0;
 	}
 	if (what == SL_HOLD_CONNS) {
-		if (__sync_fetch_and_add(&o->conns, 1) < SL_OWNER_CONNS)
+		if (__sync_fetch_and_add(&o->conns, 1) < sl_settings.owner_conns)
 			return 1;
 		__sync_fetch_and_add(&o->conns, -1);
 		__sync_fetch_and_add(&o->refused_conns, 1);
 		return 0;
 	}
-	if (__sync_fetch_and_add(&o->listeners, 1) < SL_OWNER_LISTENERS)
+	if (__sync_fetch_and_add(&o->listeners, 1) < sl_settings.owner_listeners)
 		return 1;
 	__sync_fetch_and_add(&o->listeners, -1);
 	__sync_fetch_and_add(&o->refused_listeners, 1);

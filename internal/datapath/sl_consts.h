@@ -52,7 +52,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 9,
+	SL_LAYOUT_VERSION = 10,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -152,15 +152,17 @@ enum sl_mode {
 #define SL_NO_SLOT 0xffffffffu
 #define SL_MAX_LISTENERS 65536
 
-/* What one owner (the cgroup of a socket, or of the process making it: a
- * pod's container) may hold of the node-wide tables. Beyond it, its new
- * connections stay on TCP, its listeners are not learned (their
- * connections stay on TCP), its connected sockets to service addresses
- * are not recorded for destruction; other owners keep what they get. */
+#define SL_MAX_LB_CONNS 131072 /* translated connected sockets */
+
+/* What one owner may hold of the node-wide tables by default (struct
+ * sl_config's owner_* settings), and at most: the tables' sizes. */
 enum sl_quota {
-	SL_OWNER_CONNS = 8192,      /* connection slots (of SL_MAX_CONNS) */
-	SL_OWNER_LISTENERS = 1024,  /* listener entries (of SL_MAX_LISTENERS) */
-	SL_OWNER_LB_CONNS = 16384,  /* translated connected sockets (of SL_MAX_LB_CONNS) */
+	SL_OWNER_CONNS = 8192,      /* connection slots */
+	SL_OWNER_LISTENERS = 1024,  /* listener entries */
+	SL_OWNER_LB_CONNS = 16384,  /* translated connected sockets */
+	SL_QUOTA_MAX_CONNS = SL_MAX_CONNS,
+	SL_QUOTA_MAX_LISTENERS = SL_MAX_LISTENERS,
+	SL_QUOTA_MAX_LB_CONNS = SL_MAX_LB_CONNS,
 };
 #define SL_MAX_OWNERS 16384
 
@@ -168,7 +170,6 @@ enum sl_quota {
 #define SL_MAX_FRONTENDS 131072      /* (VIP, port, protocol) entries */
 #define SL_MAX_BACKEND_SLOTS 1048576 /* backends over all frontends and both banks */
 #define SL_MAX_AFFINITY 262144       /* ClientIP affinity entries */
-#define SL_MAX_LB_CONNS 131072      /* translated connected sockets */
 /* A backend slot key: the bank (0 or 1) above SL_BANK_SHIFT, the index
  * within the bank below. */
 enum sl_lb_layout {

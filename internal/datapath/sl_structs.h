@@ -104,53 +104,6 @@ struct sl_listener_info {
 	__u32 listened; /* enum sl_accepted_mode: the listening socket's at listen() */
 };
 
-/* The datapath's load-time settings: bypass.c's one const volatile
- * (sl_settings), filled by the loader before the programs load and read
- * back from their read-only data. Go carries the generated type from flag
- * parsing to the loader (datapath.Settings). */
-struct sl_config {
-	/* SL_MODE_ON: connections between managed sockets are bypassed.
-	 * Off: every one stays on TCP (no socket enters the map, no sk_msg
-	 * verdict runs): --bypass auto's choice on a kernel whose sockmap
-	 * would break programs socklane cannot tell apart (FIONREAD answering
-	 * 0 for redirected bytes, no count of queued bytes for the backlog
-	 * rule, lost epoll wake-ups or FINs). */
-	enum sl_mode bypass;
-	/* Receiver backlog (bytes queued in the peer's socket) above which a
-	 * direction moves to TCP, whose window then pushes back on the
-	 * sender. 0 disables the check; a request's 0 loads
-	 * net.ipv4.tcp_rmem[2]. */
-	__u32 backlog_limit;
-	/* Sends smaller than this many bytes redirect under one verdict for
-	 * the next verdict_window bytes (bpf_msg_apply_bytes): the kernel
-	 * then moves them without running sl_msg, which is most of a small
-	 * send's cost. The program runs again once the window is used up, so
-	 * every decision (backlog, fallback) is at most one window late. A
-	 * direction's first send never opens one: its verdict count is exact
-	 * up to there, which is what tells a brief connection. 0: a verdict
-	 * per send. */
-	__u32 verdict_window;
-	/* SL_MODE_ON: connections with an end that reads in blocking mode are
-	 * bypassed too. Otherwise they stay on TCP: the kernel's sockmap
-	 * receive path (tcp_bpf_recvmsg) may answer a blocking read that a
-	 * signal interrupts with EAGAIN instead of restarting it, which plain
-	 * TCP never does. */
-	enum sl_mode bypass_blocking;
-	/* SL_MODE_ON: every connection joins. Otherwise brief connections
-	 * (one request, one reply, close), which gain nothing from the bypass
-	 * and pay for joining it (two psocks and their map entries set up and
-	 * torn down, tens of microseconds on a connection that costs a
-	 * hundred or two), and connections to a remote or unmanaged server
-	 * (whose client joins and leaves alone) are learnt per client network
-	 * namespace and destination and left on TCP (SL_BRIEF_* in
-	 * sl_consts.h). */
-	enum sl_mode bypass_brief;
-	/* Not a user setting: 1 where the kernel parses the kptr in
-	 * sl_listener_val (the loader probes it; 6.1 does not, and the
-	 * branches that use it are then dead code the verifier never sees). */
-	__u32 listener_kptr;
-};
-
 /* The listener's information first (what Go reads: a pointer field has no
  * Go type), then the listening socket, whose mode predicts better than at
  * listen() (servers such as redis set O_NONBLOCK after listen()). The

@@ -509,9 +509,10 @@ type lbBed struct {
 	dir    string
 }
 
-func newLBBed(t *testing.T) *lbBed {
+func newLBBed(t *testing.T, settings ...string) *lbBed {
 	b := testutil.Bed(t)
 	lb := &lbBed{in: testutil.NewInstance(t), dir: t.TempDir()}
+	lb.in.Settings = append(lb.in.Settings, settings...)
 	lb.client = testutil.Pod(t, b, "client")
 	lb.host = testutil.HostPod(t, b, "host")
 	for _, name := range []string{"be0", "be1"} {

@@ -17,22 +17,41 @@ import (
 // blocking prediction, stale-socket destruction and affinity are as they
 // were.
 func TestOwnerQuotas(t *testing.T) {
-	q := datapath.OwnerQuotas()
+	// The default quotas on the host; in -test.short (the emulated
+	// kernels of the matrix, where thousands of sockets take minutes)
+	// smaller ones, loaded as an operator would, and smaller attacks.
+	var settings []string
+	over := 800
+	if testing.Short() {
+		settings = []string{"--owner-conns", "256", "--owner-listeners", "128", "--owner-lb-conns", "256"}
+		over = 100
+	}
+	quotas := func(in *testutil.Instance) datapath.Quotas {
+		t.Helper()
+		st := readStatus(t, in)
+		if q := st.Settings.Quotas(); q.Conns != 0 {
+			return q
+		}
+		t.Fatalf("status shows no quotas: %+v", st.Settings)
+		return datapath.Quotas{}
+	}
 	t.Run("connection slots", func(t *testing.T) {
 		b := testutil.Bed(t)
 		in := testutil.NewInstance(t)
+		in.Settings = settings
 		att, cli, srv := testutil.Pod(t, b, "attacker"), testutil.Pod(t, b, "client"), testutil.Pod(t, b, "server")
 		in.Attach(att, cli, srv)
+		q := quotas(in)
 		start(t, att, in.Bin, "peer", "sink", "0.0.0.0:7400")
 		waitPort(t, att, "0.0.0.0:7400")
 		before := in.Counters()
-		n := int(q.Conns) + 800
+		n := int(q.Conns) + over
 		hold, _ := backgroundIn(t, att, fmt.Sprintf("open %d", n), in.Bin, "peer", "open", "--ports", "7400", "--count", fmt.Sprint(n), att.IPv4.String())
 		d := testutil.Delta(before, in.Counters())
-		mustAtLeast(t, d, "fallback_quota", 800)
+		mustAtLeast(t, d, "fallback_quota", uint64(over))
 		o := ownerOf(t, in, att)
-		if o == nil || o.Conns != q.Conns || o.RefusedConns < 800 || !strings.HasSuffix(o.Path, filepath.Base(att.Cgroup)) {
-			t.Fatalf("status names the attacker %+v, want it holding %d slots, refused >= 800, cgroup %s", o, q.Conns, att.Cgroup)
+		if o == nil || o.Conns != q.Conns || o.RefusedConns < uint64(over) || !strings.HasSuffix(o.Path, filepath.Base(att.Cgroup)) {
+			t.Fatalf("status names the attacker %+v, want it holding %d slots, refused >= %d, cgroup %s", o, q.Conns, over, att.Cgroup)
 		}
 		// Another pod's connection joins the bypass as before.
 		start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7401")
@@ -51,18 +70,25 @@ func TestOwnerQuotas(t *testing.T) {
 	t.Run("listeners", func(t *testing.T) {
 		b := testutil.Bed(t)
 		in := testutil.NewInstance(t)
+		in.Settings = settings
 		att, cli, srv := testutil.Pod(t, b, "attacker"), testutil.Pod(t, b, "client"), testutil.Pod(t, b, "server")
 		in.Attach(att, cli, srv)
+		q := quotas(in)
 		// The victim's server reads in blocking mode.
 		start(t, srv, in.Bin, "peer", "echo", "--io", "blocking", "0.0.0.0:7402")
 		waitPort(t, srv, "0.0.0.0:7402")
 		before := in.Counters()
 		// More listeners than the whole table held before (an LRU of
-		// 16,384 that evicted the victim's).
-		backgroundIn(t, att, "listening 18000", in.Bin, "peer", "listen", "--ports", "20000-37999", "0.0.0.0")
+		// 16,384 that evicted the victim's), or in -test.short past the
+		// smaller quota.
+		listeners := uint64(18000)
+		if testing.Short() {
+			listeners = q.Listeners + uint64(over)
+		}
+		backgroundIn(t, att, fmt.Sprintf("listening %d", listeners), in.Bin, "peer", "listen", "--ports", fmt.Sprintf("20000-%d", 20000+listeners-1), "0.0.0.0")
 		d := testutil.Delta(before, in.Counters())
-		mustAtLeast(t, d, "listener_quota", 18000-q.Listeners)
-		if o := ownerOf(t, in, att); o == nil || o.Listeners != q.Listeners || o.RefusedListeners < 18000-q.Listeners {
+		mustAtLeast(t, d, "listener_quota", listeners-q.Listeners)
+		if o := ownerOf(t, in, att); o == nil || o.Listeners != q.Listeners || o.RefusedListeners < listeners-q.Listeners {
 			t.Fatalf("status names the attacker %+v, want it holding %d listeners", o, q.Listeners)
 		}
 		// The victim's blocking server is still predicted blocking: its
@@ -75,7 +101,8 @@ func TestOwnerQuotas(t *testing.T) {
 	})
 
 	t.Run("translated sockets and affinity", func(t *testing.T) {
-		lb := newLBBed(t)
+		lb := newLBBed(t, settings...)
+		q := quotas(lb.in)
 		be0, be1 := lb.back[0], lb.back[1]
 		lb.apply(t, fmt.Sprintf(`services:
   - name: who
@@ -93,10 +120,10 @@ func TestOwnerQuotas(t *testing.T) {
 		// The attacker (the host-network pod) holds more connected UDP
 		// sockets to the VIP than its quota.
 		before := lb.lbCounters(t)
-		n := int(q.LBConns) + 500
+		n := int(q.LBConns) + over
 		startHold(t, lb, lb.host, n, "--mode", "udp", "198.19.0.10:53")
-		mustAtLeast(t, testutil.Delta(before, lb.lbCounters(t)), "quota", 500)
-		if o := ownerOf(t, lb.in, lb.host); o == nil || o.LBConns != q.LBConns || o.RefusedLBConns < 500 {
+		mustAtLeast(t, testutil.Delta(before, lb.lbCounters(t)), "quota", uint64(over))
+		if o := ownerOf(t, lb.in, lb.host); o == nil || o.LBConns != q.LBConns || o.RefusedLBConns < uint64(over) {
 			t.Fatalf("status names the attacker %+v, want it holding %d translated sockets", o, q.LBConns)
 		}
 		// The victim's sockets are still recorded: removing a backend
