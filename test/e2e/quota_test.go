@@ -38,7 +38,7 @@ func TestOwnerQuotas(t *testing.T) {
 	t.Run("connection slots", func(t *testing.T) {
 		b := testutil.Bed(t)
 		in := testutil.NewInstance(t)
-		in.Settings = settings
+		in.Settings = append(in.Settings, settings...)
 		att, cli, srv := testutil.Pod(t, b, "attacker"), testutil.Pod(t, b, "client"), testutil.Pod(t, b, "server")
 		in.Attach(att, cli, srv)
 		q := quotas(in)
@@ -70,7 +70,7 @@ func TestOwnerQuotas(t *testing.T) {
 	t.Run("listeners", func(t *testing.T) {
 		b := testutil.Bed(t)
 		in := testutil.NewInstance(t)
-		in.Settings = settings
+		in.Settings = append(in.Settings, settings...)
 		att, cli, srv := testutil.Pod(t, b, "attacker"), testutil.Pod(t, b, "client"), testutil.Pod(t, b, "server")
 		in.Attach(att, cli, srv)
 		q := quotas(in)
