@@ -63,6 +63,13 @@ func TestBacklogGrace(t *testing.T) {
 			if !ks.Kernel.PsockMsgTotLen {
 				tc.fallback, tc.minRedirected, tc.maxRedirected = 0, uint64(tc.count)*msg, uint64(tc.count)*msg+64
 			}
+			if testing.Short() && tc.fallback == 1 {
+				// Under emulation (the kernel matrix) a burst past the
+				// limit can outlast the 50 ms grace before it reaches
+				// twice the limit: either rule may move it, once over the
+				// limit, and neither lets more than twice it through.
+				tc.minRedirected = 17 * msg
+			}
 			mustEqual(t, d, "fallback_backlog", tc.fallback)
 			// The sink's 8-byte count comes back through the bypass too.
 			if r := d["redirect_bytes"] - 8; r < tc.minRedirected || r > tc.maxRedirected {
