@@ -229,7 +229,21 @@ func newPeerCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
+	var reachTimeout time.Duration
+	reach := &cobra.Command{
+		Use:   "reach TARGET/PROTO...",
+		Short: "Probe whoami servers at once (ADDR:PORT/tcp, /udp connected, /udpu unconnected) and print what each probe saw",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := peer.Reachability(cmd.Context(), args, reachTimeout)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(os.Stdout).Encode(res)
+		},
+	}
+	reach.Flags().DurationVar(&reachTimeout, "timeout", 2*time.Second, "give each probe this long")
+	cmd.AddCommand(reach, server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
 		newPlantCmd(), newVictimCmd(), newFastOpenCmd(), newOpenCmd(), newListenCmd(), fanout)
 	return cmd
 }

@@ -90,6 +90,7 @@ func newRootCmd() *cobra.Command {
 		newTopCmd(g),
 		newPodsCmd(g),
 		newSvcCmd(g),
+		newPolicyCmd(g),
 		newDownCmd(g),
 		newDemoCmd(g),
 		newBenchCmd(g),

@@ -118,7 +118,8 @@ func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger)
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelError)
 	if h.ln != nil {
 		reg := prometheus.NewRegistry()
-		col := metrics.New(dp, func() (map[string]string, error) { return node.FrontendNames(name) }, func() ([]service.Skipped, error) { return node.SkippedServices(name) }, log)
+		col := metrics.New(dp, func() (map[string]string, error) { return node.FrontendNames(name) }, func() ([]service.Skipped, error) { return node.SkippedServices(name) }, log).
+			WithPolicyNames(func() (map[uint32]string, error) { return node.PolicyNames(name) })
 		col.Refresh()
 		reg.MustRegister(
 			col,

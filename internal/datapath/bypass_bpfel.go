@@ -169,34 +169,38 @@ const (
 )
 
 type bypassSlEvent struct {
-	_       structs.HostLayout
-	TsNs    uint64
-	Netns   uint64
-	Bytes   [2]uint64
-	Msgs    [2]uint64
-	SrcIp   [4]uint32
-	DstIp   [4]uint32
-	SrcPort uint16
-	DstPort uint16
-	Type    uint32
-	Reason  uint32
-	SvcId   uint32
-	Dir     uint8
-	Role    uint8
-	Proto   uint8
-	Pad     [5]uint8
+	_           structs.HostLayout
+	TsNs        uint64
+	Netns       uint64
+	Bytes       [2]uint64
+	Msgs        [2]uint64
+	SrcIp       [4]uint32
+	DstIp       [4]uint32
+	SrcPort     uint16
+	DstPort     uint16
+	Type        uint32
+	Reason      uint32
+	SvcId       uint32
+	Dir         uint8
+	Role        uint8
+	Proto       uint8
+	Pad         uint8
+	SrcIdentity uint32
+	DstIdentity uint32
+	Pad2        uint32
 }
 
 type bypassSlEventType uint32
 
 const (
-	bypassSlEventTypeSL_EV_ESTABLISHED bypassSlEventType = 1
-	bypassSlEventTypeSL_EV_BYPASS      bypassSlEventType = 2
-	bypassSlEventTypeSL_EV_TCP         bypassSlEventType = 3
-	bypassSlEventTypeSL_EV_FALLBACK    bypassSlEventType = 4
-	bypassSlEventTypeSL_EV_CLOSED      bypassSlEventType = 5
-	bypassSlEventTypeSL_EV_LB_SELECT   bypassSlEventType = 6
-	bypassSlEventTypeSL_EV_LB_REFUSED  bypassSlEventType = 7
+	bypassSlEventTypeSL_EV_ESTABLISHED   bypassSlEventType = 1
+	bypassSlEventTypeSL_EV_BYPASS        bypassSlEventType = 2
+	bypassSlEventTypeSL_EV_TCP           bypassSlEventType = 3
+	bypassSlEventTypeSL_EV_FALLBACK      bypassSlEventType = 4
+	bypassSlEventTypeSL_EV_CLOSED        bypassSlEventType = 5
+	bypassSlEventTypeSL_EV_LB_SELECT     bypassSlEventType = 6
+	bypassSlEventTypeSL_EV_LB_REFUSED    bypassSlEventType = 7
+	bypassSlEventTypeSL_EV_POLICY_DENIED bypassSlEventType = 8
 )
 
 type bypassSlEventsCfg struct {
@@ -218,7 +222,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 10
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 11
 )
 
 type bypassSlListener struct {

@@ -47,7 +47,7 @@ func (c clock) wall(ns uint64) time.Time { return time.Unix(0, int64(ns)+int64(c
 type Event struct {
 	Time time.Time `json:"time"`
 	// Type: established, bypass, tcp, fallback, closed, lb_select,
-	// lb_refused; "lost" reports events the ring buffer dropped (Count).
+	// lb_refused, policy_denied; "lost" reports events the ring buffer dropped (Count).
 	Type   string         `json:"type"`
 	Reason string         `json:"reason,omitempty"`
 	Src    netip.AddrPort `json:"src"` // client, or the service address asked for
@@ -60,22 +60,29 @@ type Event struct {
 	Bytes    [2]uint64 `json:"bytes"`
 	Msgs     [2]uint64 `json:"msgs"`
 	Frontend uint32    `json:"frontend_id,omitempty"`
-	Count    uint64    `json:"count,omitempty"`
+	// Policy denials: the policy (id; the CLI adds its name) and the
+	// identities of both ends (0 world, 1 host).
+	Policy      uint32 `json:"policy_id,omitempty"`
+	PolicyName  string `json:"policy,omitempty"`
+	SrcIdentity uint32 `json:"src_identity,omitempty"`
+	DstIdentity uint32 `json:"dst_identity,omitempty"`
+	Count       uint64 `json:"count,omitempty"`
 }
 
 var eventTypes = map[uint32]string{
-	uint32(bypassSlEventTypeSL_EV_ESTABLISHED): "established",
-	uint32(bypassSlEventTypeSL_EV_BYPASS):      "bypass",
-	uint32(bypassSlEventTypeSL_EV_TCP):         "tcp",
-	uint32(bypassSlEventTypeSL_EV_FALLBACK):    "fallback",
-	uint32(bypassSlEventTypeSL_EV_CLOSED):      "closed",
-	uint32(bypassSlEventTypeSL_EV_LB_SELECT):   "lb_select",
-	uint32(bypassSlEventTypeSL_EV_LB_REFUSED):  "lb_refused",
+	uint32(bypassSlEventTypeSL_EV_ESTABLISHED):   "established",
+	uint32(bypassSlEventTypeSL_EV_BYPASS):        "bypass",
+	uint32(bypassSlEventTypeSL_EV_TCP):           "tcp",
+	uint32(bypassSlEventTypeSL_EV_FALLBACK):      "fallback",
+	uint32(bypassSlEventTypeSL_EV_CLOSED):        "closed",
+	uint32(bypassSlEventTypeSL_EV_LB_SELECT):     "lb_select",
+	uint32(bypassSlEventTypeSL_EV_LB_REFUSED):    "lb_refused",
+	uint32(bypassSlEventTypeSL_EV_POLICY_DENIED): "policy_denied",
 }
 
 // EventTypes lists the event type names.
 func EventTypes() []string {
-	return []string{"established", "bypass", "tcp", "fallback", "closed", "lb_select", "lb_refused", "lost"}
+	return []string{"established", "bypass", "tcp", "fallback", "closed", "lb_select", "lb_refused", "policy_denied", "lost"}
 }
 
 var dirNames = map[uint8]string{
@@ -110,6 +117,13 @@ func decodeEvent(raw []byte, counters []string, clk clock) (Event, error) {
 	switch ev.Type {
 	case "fallback", "tcp":
 		ev.Dir = dirNames[e.Dir]
+	case "policy_denied":
+		ev.Frontend = 0
+		ev.Policy, ev.SrcIdentity, ev.DstIdentity = e.SvcId, e.SrcIdentity, e.DstIdentity
+		ev.Dir = "ingress"
+		if e.Dir == uint8(servicelbSlPolDirSL_POL_EGRESS) {
+			ev.Dir = "egress"
+		}
 	case "closed", "established", "bypass":
 		ev.Role = "client"
 		if e.Role == uint8(bypassSlRoleSL_ROLE_SERVER) {

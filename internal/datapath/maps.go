@@ -12,7 +12,20 @@ const batchSize = 4096
 func batchPut[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 	for i := 0; i < len(keys); i += batchSize {
 		j := min(i+batchSize, len(keys))
-		if _, err := m.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
+		_, err := m.BatchUpdate(keys[i:j], vals[i:j], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return putEach(m, keys[i:], vals[i:])
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func putEach[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	for i := range keys {
+		if err := m.Put(keys[i], vals[i]); err != nil {
 			return err
 		}
 	}

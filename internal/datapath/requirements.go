@@ -244,18 +244,19 @@ func typeName(s string) string {
 var (
 	progTypeSince = map[ebpf.ProgramType]string{
 		ebpf.CGroupSock: "4.10", ebpf.SockOps: "4.13", ebpf.SkMsg: "4.17",
-		ebpf.CGroupSockAddr: "4.17", ebpf.Syscall: "5.14",
+		ebpf.CGroupSockAddr: "4.17", ebpf.Syscall: "5.14", ebpf.CGroupSKB: "4.10",
 	}
 	attachSince = map[ebpf.AttachType]string{
 		ebpf.AttachCGroupInet4Connect: "4.17", ebpf.AttachCGroupInet6Connect: "4.17",
 		ebpf.AttachCGroupUDP4Sendmsg: "4.18", ebpf.AttachCGroupUDP6Sendmsg: "4.18",
 		ebpf.AttachCGroupUDP4Recvmsg: "5.2", ebpf.AttachCGroupUDP6Recvmsg: "5.2",
 		ebpf.AttachCgroupInet4GetPeername: "5.8", ebpf.AttachCgroupInet6GetPeername: "5.8",
-		ebpf.AttachCgroupInetSockRelease: "5.9",
+		ebpf.AttachCgroupInetSockRelease: "5.9", ebpf.AttachCGroupInetIngress: "4.10",
 	}
 	mapTypeSince = map[ebpf.MapType]string{
 		ebpf.Hash: "3.19", ebpf.Array: "3.19", ebpf.PerCPUArray: "4.6", ebpf.LRUHash: "4.10",
 		ebpf.SockHash: "4.18", ebpf.Queue: "4.20", ebpf.SkStorage: "5.2", ebpf.RingBuf: "5.8",
+		ebpf.LPMTrie: "4.11",
 	}
 	helperAdded = map[asm.BuiltinFunc]string{
 		asm.FnMapLookupElem: "3.19", asm.FnMapUpdateElem: "3.19", asm.FnMapDeleteElem: "3.19",
@@ -265,6 +266,7 @@ var (
 		asm.FnMapPushElem: "4.20", asm.FnMapPopElem: "4.20", asm.FnSkStorageGet: "5.2",
 		asm.FnProbeReadKernel: "5.5", asm.FnGetNetnsCookie: "5.7", asm.FnRingbufReserve: "5.8",
 		asm.FnRingbufSubmit: "5.8", asm.FnSkcToTcpSock: "5.9", asm.FnSetRetval: "5.18",
+		asm.FnSkbLoadBytes: "4.5", asm.FnSkFullsock: "5.1", asm.FnGetCurrentAncestorCgroupId: "5.7",
 	}
 	helperPerType = map[ebpf.ProgramType]map[asm.BuiltinFunc]string{
 		ebpf.SockOps: {asm.FnGetNetnsCookie: "5.15"},

@@ -11,6 +11,9 @@
  * recvmsg4/6   replies from a remembered backend appear to come from the VIP.
  * getpeername4/6  a translated socket's peer is the VIP it asked for.
  * sock_release    forgets a connected socket recorded by connect4/6.
+ * cgroup_skb/ingress  network policy on the first packet of a flow into
+ *                 a pod (sl_policy.h decides; connect4/6 and sendmsg4/6
+ *                 judge egress after translation).
  *
  * Every hook runs for every socket of the attached cgroups, so the common
  * case (not a service address) is one hash lookup that misses.
@@ -25,6 +28,7 @@
 #include "sl_lb_maps.h"
 #include "sl_event_maps.h"
 #include "sl_kernel.h"
+#include "sl_policy.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -34,18 +38,17 @@ struct sl_lb_enums {
 	enum sl_member_state state;
 	struct sl_lb_forget_args forget;
 	enum sl_lb_layout layout;
+	enum sl_pol_limits pol_limits;
+	enum sl_pol_class pol_class;
+	enum sl_pol_identity pol_identity;
+	enum sl_pol_dir pol_dir;
+	enum sl_pol_flag pol_flag;
+	enum sl_pol_rule_bits pol_bits;
 };
 const struct sl_lb_enums *sl_lb_enums_unused __attribute__((unused));
 
 #define SL_ECONNREFUSED 111
-
-static __always_inline void lb_count(enum sl_lb_counter c)
-{
-	__u32 zero = 0;
-	struct sl_lb_counters *cnt = bpf_map_lookup_elem(&sl_lb_stats, &zero);
-	if (cnt && c < SL_LB_MAX)
-		cnt->c[c]++;
-}
+#define SL_EPERM 1
 
 static __always_inline int same_be(const struct sl_backend *a, const struct sl_backend *b)
 {
@@ -434,6 +437,16 @@ static __always_inline void key_of(const struct sl_backend *vip, __u32 proto, st
 	k->proto = proto;
 }
 
+/* A connect or send that network policy denies: EPERM at once. */
+static __always_inline int pol_refuse(struct bpf_sock_addr *ctx, const struct sl_pol_verdict *v,
+				      const struct sl_backend *dst, __u32 proto)
+{
+	lb_count(SL_LB_POL_DENIED_CONNECT);
+	pol_event(ctx, v, 0, 0, dst->ip, dst->port, proto);
+	bpf_set_retval(-SL_EPERM);
+	return 0;
+}
+
 /* connect() and unconnected sends: returns the program's verdict. */
 static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int connected)
 {
@@ -448,8 +461,13 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 	struct sl_svc_key k;
 	key_of(&vip, proto, &k);
 	struct sl_svc_val *svc = bpf_map_lookup_elem(&sl_svc, &k);
-	if (!svc)
-		return 1; /* not a service: the common case */
+	struct sl_pol_verdict pv;
+	if (!svc) {
+		/* Not a service: the common case. */
+		if (pol_connect(ctx, ctx->sk, &vip, proto, !connected, &pv))
+			return pol_refuse(ctx, &pv, &vip, proto);
+		return 1;
+	}
 	int have_prev = !connected && remembered(ctx->sk, &vip, &prev);
 	struct sl_lb_sock *st = 0;
 	if (proto == IPPROTO_UDP)
@@ -460,6 +478,9 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 		bpf_set_retval(-SL_ECONNREFUSED);
 		return 0;
 	}
+	/* Egress is judged against the backend chosen, as Kubernetes does. */
+	if (pol_connect(ctx, ctx->sk, &be, proto, !connected, &pv))
+		return pol_refuse(ctx, &pv, &be, proto);
 	if (v6)
 		to6(ctx, &be);
 	else
@@ -564,4 +585,141 @@ SEC("syscall")
 int sl_lb_forget(struct sl_lb_forget_args *a)
 {
 	return forget(a->cookie);
+}
+
+#define SL_ETH_P_IP 0x0800
+#define SL_ETH_P_IPV6 0x86DD
+#define SL_TCP_SYN 0x02
+#define SL_TCP_ACK 0x10
+
+/* Reads the addresses, protocol and offset of the transport header of a
+ * packet (network header at offset 0). Returns -1 for what is neither
+ * IPv4 nor IPv6, or cannot be read. */
+static __always_inline int pol_parse(struct __sk_buff *skb, __u32 src[4], __u32 dst[4], __u8 *proto, __u32 *l4)
+{
+	if (skb->protocol == bpf_htons(SL_ETH_P_IP)) {
+		__u8 h[20];
+		if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)))
+			return -1;
+		*proto = h[9];
+		*l4 = (h[0] & 0xf) * 4;
+		src[0] = dst[0] = 0;
+		src[1] = dst[1] = 0;
+		src[2] = dst[2] = bpf_htonl(0xffff);
+		__builtin_memcpy(&src[3], h + 12, 4);
+		__builtin_memcpy(&dst[3], h + 16, 4);
+		return 0;
+	}
+	if (skb->protocol != bpf_htons(SL_ETH_P_IPV6))
+		return -1;
+	__u8 h[40];
+	if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)))
+		return -1;
+	__builtin_memcpy(src, h + 8, 16);
+	__builtin_memcpy(dst, h + 24, 16);
+	__u8 next = h[6];
+	__u32 off = 40;
+	/* Extension headers before the transport header, a few at most. */
+	for (int i = 0; i < 4; i++) {
+		__u8 ext[2];
+		if (next != 0 && next != 43 && next != 60 && next != 44)
+			break;
+		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)))
+			return -1;
+		off += next == 44 ? 8 : ((__u32)ext[1] + 1) * 8;
+		next = ext[0];
+	}
+	*proto = next;
+	*l4 = off;
+	return 0;
+}
+
+/* Judges the first packet of a flow into endpoint to, which is isolated
+ * for ingress: returns 1 to let it in, 0 to drop it (counted, reported). */
+static __always_inline int pol_first_packet(struct __sk_buff *skb, struct sl_pol_live *ctl, struct sl_pol_peer *to,
+					    __u32 *src, __u16 sport, __u32 *dst, __u16 dport, __u8 proto)
+{
+	lb_count(SL_LB_POL_FIRST_PACKET);
+	struct sl_pol_peer *from = pol_addr(ctl->bank, src);
+	struct sl_pol_verdict v = {};
+	/* Judged by address: a pod of this node was judged at its connect
+	 * too, by the same tables. */
+	if (!pol_judge(ctl->bank, 0, from ? from->class : SL_POL_CLASS_WORLD,
+		       from ? from->identity : SL_POL_IDENTITY_WORLD, to, to->class, proto, dport, &v))
+		return 1;
+	lb_count(SL_LB_POL_DENIED_PACKET);
+	pol_event(skb, &v, src, sport, dst, dport, proto);
+	return 0;
+}
+
+/* Network policy for flows into the pods of the attached cgroups: judged
+ * on a TCP SYN and on a UDP flow's first datagram; every other packet
+ * leaves after the flags are read. */
+SEC("cgroup_skb/ingress")
+int sl_pol_ingress(struct __sk_buff *skb)
+{
+	struct sl_pol_live *ctl = pol_ctl();
+	if (!ctl)
+		return 1;
+	__u32 src[4], dst[4], l4 = 0;
+	__u8 proto = 0;
+	if (pol_parse(skb, src, dst, &proto, &l4))
+		return 1;
+	__u8 th[14];
+	if (proto == IPPROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, l4, th, 14))
+			return 1;
+		if (!(th[13] & SL_TCP_SYN) || (th[13] & SL_TCP_ACK))
+			return 1; /* established traffic, or an answer to our SYN */
+	} else if (proto == IPPROTO_UDP) {
+		if (bpf_skb_load_bytes(skb, l4, th, 4))
+			return 1;
+	} else {
+		return 1;
+	}
+	__u16 sport = ((__u16)th[0] << 8) | th[1];
+	__u16 dport = ((__u16)th[2] << 8) | th[3];
+	if (pol_loopback(dst))
+		return 1;
+	__u32 bank = ctl->bank;
+	if (proto == IPPROTO_TCP) {
+		struct sl_pol_peer *to = pol_addr(bank, dst);
+		if (!to || !to->ep || !(to->flags & SL_POL_ISOLATED_INGRESS))
+			return 1;
+		return pol_first_packet(skb, ctl, to, src, sport, dst, dport, proto);
+	}
+	/* UDP. A connected socket gets datagrams from its peer only: it
+	 * chose that peer (judged at its connect). */
+	struct bpf_sock *sk = skb->sk;
+	if (sk) {
+		sk = bpf_sk_fullsock(sk);
+		if (sk && sk->dst_port)
+			return 1;
+	}
+	struct sl_pol_flow_key fk = {.sport = sport, .dport = dport};
+	__builtin_memcpy(fk.src, src, 16);
+	__builtin_memcpy(fk.dst, dst, 16);
+	struct sl_pol_flow *f = bpf_map_lookup_elem(&sl_pol_flows, &fk);
+	if (f && f->generation == ctl->generation) {
+		lb_count(SL_LB_POL_FLOW_HITS);
+		return f->allow ? 1 : 0;
+	}
+	/* The flow's first datagram under this policy. */
+	struct sl_pol_flow nf = {.generation = ctl->generation, .allow = 1};
+	struct sl_pol_peer *to = pol_addr(bank, dst);
+	if (to && to->ep) {
+		__u64 cookie = bpf_get_socket_cookie(skb);
+		if (pol_is_reply(ctl, cookie, src, sport)) {
+			lb_count(SL_LB_POL_REPLIES);
+		} else {
+			if (to->flags & SL_POL_ISOLATED_INGRESS)
+				nf.allow = pol_first_packet(skb, ctl, to, src, sport, dst, dport, proto);
+			/* The receiver may answer: its own egress and the
+			 * sender's ingress do not apply to the answers. */
+			if (nf.allow)
+				pol_allow_replies(ctl, cookie, src, sport);
+		}
+	}
+	bpf_map_update_elem(&sl_pol_flows, &fk, &nf, BPF_ANY);
+	return nf.allow;
 }

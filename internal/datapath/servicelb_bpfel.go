@@ -46,26 +46,31 @@ type servicelbSlLbConn struct {
 type servicelbSlLbCounter uint32
 
 const (
-	servicelbSlLbCounterSL_LB_SELECTED         servicelbSlLbCounter = 0
-	servicelbSlLbCounterSL_LB_NO_BACKEND       servicelbSlLbCounter = 1
-	servicelbSlLbCounterSL_LB_AFFINITY_HITS    servicelbSlLbCounter = 2
-	servicelbSlLbCounterSL_LB_TERMINATING_USED servicelbSlLbCounter = 3
-	servicelbSlLbCounterSL_LB_UDP_REVERSED     servicelbSlLbCounter = 4
-	servicelbSlLbCounterSL_LB_PEERNAME         servicelbSlLbCounter = 5
-	servicelbSlLbCounterSL_LB_ERR_STORAGE      servicelbSlLbCounter = 6
-	servicelbSlLbCounterSL_LB_CONNS_TRACKED    servicelbSlLbCounter = 7
-	servicelbSlLbCounterSL_LB_ERR_CONNS        servicelbSlLbCounter = 8
-	servicelbSlLbCounterSL_LB_EVENTS_LOST      servicelbSlLbCounter = 9
-	servicelbSlLbCounterSL_LB_NAT_EVICTED      servicelbSlLbCounter = 10
-	servicelbSlLbCounterSL_LB_PICK_AMBIGUOUS   servicelbSlLbCounter = 11
-	servicelbSlLbCounterSL_LB_BANK_RETRY       servicelbSlLbCounter = 12
-	servicelbSlLbCounterSL_LB_QUOTA            servicelbSlLbCounter = 13
-	servicelbSlLbCounterSL_LB_MAX              servicelbSlLbCounter = 14
+	servicelbSlLbCounterSL_LB_SELECTED           servicelbSlLbCounter = 0
+	servicelbSlLbCounterSL_LB_NO_BACKEND         servicelbSlLbCounter = 1
+	servicelbSlLbCounterSL_LB_AFFINITY_HITS      servicelbSlLbCounter = 2
+	servicelbSlLbCounterSL_LB_TERMINATING_USED   servicelbSlLbCounter = 3
+	servicelbSlLbCounterSL_LB_UDP_REVERSED       servicelbSlLbCounter = 4
+	servicelbSlLbCounterSL_LB_PEERNAME           servicelbSlLbCounter = 5
+	servicelbSlLbCounterSL_LB_ERR_STORAGE        servicelbSlLbCounter = 6
+	servicelbSlLbCounterSL_LB_CONNS_TRACKED      servicelbSlLbCounter = 7
+	servicelbSlLbCounterSL_LB_ERR_CONNS          servicelbSlLbCounter = 8
+	servicelbSlLbCounterSL_LB_EVENTS_LOST        servicelbSlLbCounter = 9
+	servicelbSlLbCounterSL_LB_NAT_EVICTED        servicelbSlLbCounter = 10
+	servicelbSlLbCounterSL_LB_PICK_AMBIGUOUS     servicelbSlLbCounter = 11
+	servicelbSlLbCounterSL_LB_BANK_RETRY         servicelbSlLbCounter = 12
+	servicelbSlLbCounterSL_LB_QUOTA              servicelbSlLbCounter = 13
+	servicelbSlLbCounterSL_LB_POL_DENIED_CONNECT servicelbSlLbCounter = 14
+	servicelbSlLbCounterSL_LB_POL_DENIED_PACKET  servicelbSlLbCounter = 15
+	servicelbSlLbCounterSL_LB_POL_FIRST_PACKET   servicelbSlLbCounter = 16
+	servicelbSlLbCounterSL_LB_POL_FLOW_HITS      servicelbSlLbCounter = 17
+	servicelbSlLbCounterSL_LB_POL_REPLIES        servicelbSlLbCounter = 18
+	servicelbSlLbCounterSL_LB_MAX                servicelbSlLbCounter = 19
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [14]uint64
+	C [19]uint64
 }
 
 type servicelbSlLbForgetArgs struct {
@@ -105,6 +110,111 @@ const (
 	servicelbSlMemberStateSL_MEMBER_TERMINATING servicelbSlMemberState = 2
 )
 
+type servicelbSlPolCgroupKey struct {
+	_      structs.HostLayout
+	Cgroup uint64
+	Bank   uint32
+	Pad    uint32
+}
+
+type servicelbSlPolClass uint32
+
+const (
+	servicelbSlPolClassSL_POL_CLASS_WORLD servicelbSlPolClass = 0
+	servicelbSlPolClassSL_POL_CLASS_ANY   servicelbSlPolClass = 4294967295
+)
+
+type servicelbSlPolCount struct {
+	_       structs.HostLayout
+	Allowed uint64
+	Denied  uint64
+}
+
+type servicelbSlPolDir uint32
+
+const (
+	servicelbSlPolDirSL_POL_INGRESS servicelbSlPolDir = 0
+	servicelbSlPolDirSL_POL_EGRESS  servicelbSlPolDir = 1
+)
+
+type servicelbSlPolFlag uint32
+
+const (
+	servicelbSlPolFlagSL_POL_ISOLATED_INGRESS servicelbSlPolFlag = 1
+	servicelbSlPolFlagSL_POL_ISOLATED_EGRESS  servicelbSlPolFlag = 2
+)
+
+type servicelbSlPolIdentity uint32
+
+const (
+	servicelbSlPolIdentitySL_POL_IDENTITY_WORLD servicelbSlPolIdentity = 0
+	servicelbSlPolIdentitySL_POL_IDENTITY_HOST  servicelbSlPolIdentity = 1
+	servicelbSlPolIdentitySL_POL_IDENTITY_PODS  servicelbSlPolIdentity = 256
+)
+
+type servicelbSlPolIpKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Bank      uint32
+	Ip        [4]uint32
+}
+
+type servicelbSlPolLimits uint32
+
+const (
+	servicelbSlPolLimitsSL_POL_MAX_IPS      servicelbSlPolLimits = 131072
+	servicelbSlPolLimitsSL_POL_MAX_RULES    servicelbSlPolLimits = 1048576
+	servicelbSlPolLimitsSL_POL_MAX_CGROUPS  servicelbSlPolLimits = 16384
+	servicelbSlPolLimitsSL_POL_MAX_POLICIES servicelbSlPolLimits = 65536
+	servicelbSlPolLimitsSL_POL_MAX_FLOWS    servicelbSlPolLimits = 65536
+	servicelbSlPolLimitsSL_POL_MAX_REPLIES  servicelbSlPolLimits = 65536
+	servicelbSlPolLimitsSL_POL_CGROUP_DEPTH servicelbSlPolLimits = 16
+)
+
+type servicelbSlPolLive struct {
+	_          structs.HostLayout
+	Bank       uint32
+	Enabled    uint32
+	Generation uint64
+}
+
+type servicelbSlPolPeer struct {
+	_        structs.HostLayout
+	Class    uint32
+	Class6   uint32
+	Identity uint32
+	Ep       uint32
+	Flags    uint32
+	Policy   [2]uint32
+	Pad      uint32
+}
+
+type servicelbSlPolRule struct {
+	_      structs.HostLayout
+	Policy uint32
+	Pad    uint32
+}
+
+type servicelbSlPolRuleBits uint32
+
+const (
+	servicelbSlPolRuleBitsSL_POL_RULE_ALL_BITS   servicelbSlPolRuleBits = 128
+	servicelbSlPolRuleBitsSL_POL_RULE_PROTO_BITS servicelbSlPolRuleBits = 136
+	servicelbSlPolRuleBitsSL_POL_RULE_PORT_BITS  servicelbSlPolRuleBits = 152
+)
+
+type servicelbSlPolRuleKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Bank      uint32
+	Ep        uint32
+	Dir       uint32
+	Class     uint32
+	Proto     uint8
+	Port      [2]uint8
+	Pad       uint8
+}
+
 type servicelbSlSvcKey struct {
 	_     structs.HostLayout
 	Ip    [4]uint32
@@ -133,6 +243,13 @@ const (
 	servicelbMapSlLbOwners      = "sl_lb_owners"
 	servicelbMapSlLbSk          = "sl_lb_sk"
 	servicelbMapSlLbStats       = "sl_lb_stats"
+	servicelbMapSlPolCgroups    = "sl_pol_cgroups"
+	servicelbMapSlPolCtl        = "sl_pol_ctl"
+	servicelbMapSlPolFlows      = "sl_pol_flows"
+	servicelbMapSlPolIps        = "sl_pol_ips"
+	servicelbMapSlPolReplies    = "sl_pol_replies"
+	servicelbMapSlPolRules      = "sl_pol_rules"
+	servicelbMapSlPolStats      = "sl_pol_stats"
 	servicelbMapSlSvc           = "sl_svc"
 	servicelbMapSlSvcAffinity   = "sl_svc_affinity"
 	servicelbMapSlSvcBackends   = "sl_svc_backends"
@@ -144,6 +261,7 @@ const (
 	servicelbProgSlGetpeername4 = "sl_getpeername4"
 	servicelbProgSlGetpeername6 = "sl_getpeername6"
 	servicelbProgSlLbForget     = "sl_lb_forget"
+	servicelbProgSlPolIngress   = "sl_pol_ingress"
 	servicelbProgSlRecvmsg4     = "sl_recvmsg4"
 	servicelbProgSlRecvmsg6     = "sl_recvmsg6"
 	servicelbProgSlSendmsg4     = "sl_sendmsg4"
@@ -200,6 +318,7 @@ type servicelbProgramSpecs struct {
 	SlGetpeername4 *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
 	SlGetpeername6 *ebpf.ProgramSpec `ebpf:"sl_getpeername6"`
 	SlLbForget     *ebpf.ProgramSpec `ebpf:"sl_lb_forget"`
+	SlPolIngress   *ebpf.ProgramSpec `ebpf:"sl_pol_ingress"`
 	SlRecvmsg4     *ebpf.ProgramSpec `ebpf:"sl_recvmsg4"`
 	SlRecvmsg6     *ebpf.ProgramSpec `ebpf:"sl_recvmsg6"`
 	SlSendmsg4     *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
@@ -217,6 +336,13 @@ type servicelbMapSpecs struct {
 	SlLbOwners    *ebpf.MapSpec `ebpf:"sl_lb_owners"`
 	SlLbSk        *ebpf.MapSpec `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.MapSpec `ebpf:"sl_lb_stats"`
+	SlPolCgroups  *ebpf.MapSpec `ebpf:"sl_pol_cgroups"`
+	SlPolCtl      *ebpf.MapSpec `ebpf:"sl_pol_ctl"`
+	SlPolFlows    *ebpf.MapSpec `ebpf:"sl_pol_flows"`
+	SlPolIps      *ebpf.MapSpec `ebpf:"sl_pol_ips"`
+	SlPolReplies  *ebpf.MapSpec `ebpf:"sl_pol_replies"`
+	SlPolRules    *ebpf.MapSpec `ebpf:"sl_pol_rules"`
+	SlPolStats    *ebpf.MapSpec `ebpf:"sl_pol_stats"`
 	SlSvc         *ebpf.MapSpec `ebpf:"sl_svc"`
 	SlSvcAffinity *ebpf.MapSpec `ebpf:"sl_svc_affinity"`
 	SlSvcBackends *ebpf.MapSpec `ebpf:"sl_svc_backends"`
@@ -259,6 +385,13 @@ type servicelbMaps struct {
 	SlLbOwners    *ebpf.Map `ebpf:"sl_lb_owners"`
 	SlLbSk        *ebpf.Map `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.Map `ebpf:"sl_lb_stats"`
+	SlPolCgroups  *ebpf.Map `ebpf:"sl_pol_cgroups"`
+	SlPolCtl      *ebpf.Map `ebpf:"sl_pol_ctl"`
+	SlPolFlows    *ebpf.Map `ebpf:"sl_pol_flows"`
+	SlPolIps      *ebpf.Map `ebpf:"sl_pol_ips"`
+	SlPolReplies  *ebpf.Map `ebpf:"sl_pol_replies"`
+	SlPolRules    *ebpf.Map `ebpf:"sl_pol_rules"`
+	SlPolStats    *ebpf.Map `ebpf:"sl_pol_stats"`
 	SlSvc         *ebpf.Map `ebpf:"sl_svc"`
 	SlSvcAffinity *ebpf.Map `ebpf:"sl_svc_affinity"`
 	SlSvcBackends *ebpf.Map `ebpf:"sl_svc_backends"`
@@ -275,6 +408,13 @@ func (m *servicelbMaps) Close() error {
 		m.SlLbOwners,
 		m.SlLbSk,
 		m.SlLbStats,
+		m.SlPolCgroups,
+		m.SlPolCtl,
+		m.SlPolFlows,
+		m.SlPolIps,
+		m.SlPolReplies,
+		m.SlPolRules,
+		m.SlPolStats,
 		m.SlSvc,
 		m.SlSvcAffinity,
 		m.SlSvcBackends,
@@ -301,6 +441,7 @@ type servicelbPrograms struct {
 	SlGetpeername4 *ebpf.Program `ebpf:"sl_getpeername4"`
 	SlGetpeername6 *ebpf.Program `ebpf:"sl_getpeername6"`
 	SlLbForget     *ebpf.Program `ebpf:"sl_lb_forget"`
+	SlPolIngress   *ebpf.Program `ebpf:"sl_pol_ingress"`
 	SlRecvmsg4     *ebpf.Program `ebpf:"sl_recvmsg4"`
 	SlRecvmsg6     *ebpf.Program `ebpf:"sl_recvmsg6"`
 	SlSendmsg4     *ebpf.Program `ebpf:"sl_sendmsg4"`
@@ -315,6 +456,7 @@ func (p *servicelbPrograms) Close() error {
 		p.SlGetpeername4,
 		p.SlGetpeername6,
 		p.SlLbForget,
+		p.SlPolIngress,
 		p.SlRecvmsg4,
 		p.SlRecvmsg6,
 		p.SlSendmsg4,

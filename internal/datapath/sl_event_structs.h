@@ -16,6 +16,7 @@ enum sl_event_type {
 	SL_EV_CLOSED = 5,      /* a managed socket closed (role); its connection's totals */
 	SL_EV_LB_SELECT = 6,   /* the load balancer sent src (the VIP) to dst (a backend) */
 	SL_EV_LB_REFUSED = 7,  /* the load balancer refused src (the VIP): no backend */
+	SL_EV_POLICY_DENIED = 8, /* network policy refused src -> dst (svc_id: the policy, dir: enum sl_pol_dir) */
 };
 
 /* One event. For connection events src is the client and dst the
@@ -32,11 +33,14 @@ struct sl_event {
 	__u16 dst_port;
 	__u32 type;        /* enum sl_event_type */
 	__u32 reason;      /* enum sl_counter of a fallback or TCP decision */
-	__u32 svc_id;      /* load balancer: frontend id */
-	__u8 dir;          /* fallback, tcp: enum sl_dir */
+	__u32 svc_id;      /* load balancer: frontend id; policy: policy id */
+	__u8 dir;          /* fallback, tcp: enum sl_dir; policy: enum sl_pol_dir */
 	__u8 role;         /* closed, established, bypass: enum sl_role */
-	__u8 proto;        /* load balancer: IPPROTO_TCP or IPPROTO_UDP */
-	__u8 pad[5];
+	__u8 proto;        /* load balancer, policy: IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+	__u32 src_identity; /* policy: identities of src and dst (0 world, 1 host) */
+	__u32 dst_identity;
+	__u32 pad2;
 };
 
 /* Whether events are emitted: while bpf_ktime_get_ns() < until_ns. The

@@ -92,4 +92,13 @@ struct {
 	__type(value, struct sl_lb_counters);
 } sl_lb_stats SEC(".maps");
 
+/* Counts one event of the load balancer (or the policy) on this CPU. */
+static __always_inline void lb_count(enum sl_lb_counter c)
+{
+	__u32 zero = 0;
+	struct sl_lb_counters *cnt = bpf_map_lookup_elem(&sl_lb_stats, &zero);
+	if (cnt && c < SL_LB_MAX)
+		cnt->c[c]++;
+}
+
 #endif

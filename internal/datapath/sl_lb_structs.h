@@ -143,6 +143,11 @@ enum sl_lb_counter {
 	SL_LB_PICK_AMBIGUOUS,   /* UDP picks left ambiguous: every backend tried answers for another VIP of the socket */
 	SL_LB_BANK_RETRY,       /* frontend re-read: an apply published new backends during the pick */
 	SL_LB_QUOTA,            /* connected sockets not recorded: their owner holds its quota of sl_lb_conns */
+	SL_LB_POL_DENIED_CONNECT, /* connects and sends refused by network policy (EPERM) */
+	SL_LB_POL_DENIED_PACKET,  /* first packets of flows dropped by network policy (SYN, UDP) */
+	SL_LB_POL_FIRST_PACKET,   /* first packets of flows into isolated pods judged */
+	SL_LB_POL_FLOW_HITS,      /* UDP datagrams judged by a cached flow verdict */
+	SL_LB_POL_REPLIES,        /* UDP replies let in to an unconnected sender */
 	SL_LB_MAX,
 };
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +25,15 @@ type Source interface {
 	TrackedSockets() (int, error)
 	Programs() []*ebpf.Program
 	Settings() (datapath.Settings, error)
+	PolicyCounts() (map[uint32]datapath.PolicyCount, error)
 }
+
+// PolicyNames maps the applied policies' ids to namespace/name.
+type PolicyNames func() (map[uint32]string, error)
+
+// maxPolicySeries bounds the policy label: policies beyond it are summed
+// into "other".
+const maxPolicySeries = 1000
 
 // ServiceNames maps frontends (service.Frontend.String()) to the names of
 // the services they belong to ("namespace/name").
@@ -50,14 +59,15 @@ type tableCounts struct {
 
 // Collector reads the datapath's counters at scrape time.
 type Collector struct {
-	counts  tableCounts
-	src     Source
-	names   ServiceNames
-	skipped SkippedServices
-	descs   map[string]*prometheus.Desc
-	errors  atomic.Uint64
-	version string
-	log     *slog.Logger
+	counts   tableCounts
+	src      Source
+	names    ServiceNames
+	skipped  SkippedServices
+	polNames PolicyNames
+	descs    map[string]*prometheus.Desc
+	errors   atomic.Uint64
+	version  string
+	log      *slog.Logger
 }
 
 // New returns a collector of src; names may be nil (services are then
@@ -190,6 +200,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		c.emit(ch, famProgRuns, float64(st.RunCount), info.Name)
 		c.emit(ch, famProgSeconds, st.Runtime.Seconds(), info.Name)
 	}
+	if err := c.collectPolicies(ch); err != nil {
+		fail("policies", err)
+	}
 	if s, err := c.src.Settings(); err != nil {
 		fail("settings", err)
 	} else {
@@ -239,4 +252,45 @@ func boolValue(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// WithPolicyNames names the policies of policy_verdicts_total.
+func (c *Collector) WithPolicyNames(fn PolicyNames) *Collector {
+	c.polNames = fn
+	return c
+}
+
+func (c *Collector) collectPolicies(ch chan<- prometheus.Metric) error {
+	counts, err := c.src.PolicyCounts()
+	if err != nil || len(counts) == 0 {
+		return err
+	}
+	names := map[uint32]string{}
+	if c.polNames != nil {
+		if names, err = c.polNames(); err != nil {
+			return err
+		}
+	}
+	ids := make([]uint32, 0, len(counts))
+	for id := range counts {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	type key struct{ policy, verdict string }
+	sums := map[key]float64{}
+	for i, id := range ids {
+		name := names[id]
+		if name == "" {
+			name = fmt.Sprintf("id-%d", id)
+		}
+		if i >= maxPolicySeries {
+			name = "other"
+		}
+		sums[key{name, "allowed"}] += float64(counts[id].Allowed)
+		sums[key{name, "denied"}] += float64(counts[id].Denied)
+	}
+	for k, v := range sums {
+		c.emit(ch, famPolVerdict, v, k.policy, k.verdict)
+	}
+	return nil
 }

@@ -44,6 +44,8 @@ var (
 	famLBRefused   = family{"lb_no_backend_total", "Connects and sends to a service frontend refused because it had no usable backend.", prometheus.CounterValue, []string{"service", "frontend"}}
 	famSvcSkipped  = family{"service_skipped", "1 for each service the last apply left out (it breaks a rule, clashes with another service, or does not fit the node's tables); `socklane svc list` and the agent's log say why.", prometheus.GaugeValue, []string{"service"}}
 	famLBTracked   = family{"lb_tracked_sockets", "Connected sockets the load balancer remembers a backend for.", prometheus.GaugeValue, nil}
+	famPolEvents   = family{"policy_events_total", "Network policy events, by event: denied_connect (connects and sends refused with EPERM), denied_packet (first packets of flows dropped at the server: SYNs, UDP datagrams), first_packet (first packets into isolated pods judged), flow_hits (UDP datagrams judged by a cached flow verdict), replies (UDP answers let through as part of a flow already judged).", prometheus.CounterValue, []string{"event"}}
+	famPolVerdict  = family{"policy_verdicts_total", "New flows allowed by a rule of a policy, or denied while a policy isolated the pod, by policy (namespace/name; beyond the first 1000 policies: other).", prometheus.CounterValue, []string{"policy", "verdict"}}
 	famProgRuns    = family{"bpf_program_runs_total", "Runs of each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famProgSeconds = family{"bpf_program_run_seconds_total", "Time spent in each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famCollectErr  = family{"collection_errors_total", "Scrapes in which some part of the datapath could not be read.", prometheus.CounterValue, nil}
@@ -56,6 +58,7 @@ var families = []family{
 	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
+	famPolEvents, famPolVerdict,
 	famProgRuns, famProgSeconds, famSetting, famCollectErr, famBuild,
 }
 
@@ -103,18 +106,23 @@ var bypassCounters = map[string]counterRef{
 
 // lbCounters does the same for enum sl_lb_counter.
 var lbCounters = map[string]counterRef{
-	"selected":         {famLBEvents, "selected"},
-	"no_backend":       {famLBEvents, "no_backend"},
-	"affinity_hits":    {famLBEvents, "affinity_hits"},
-	"terminating_used": {famLBEvents, "terminating_used"},
-	"udp_reversed":     {famLBEvents, "udp_reversed"},
-	"peername":         {famLBEvents, "peername"},
-	"conns_tracked":    {famLBEvents, "conns_tracked"},
-	"err_storage":      {famLBErrors, "storage"},
-	"err_conns":        {famLBErrors, "conns_table"},
-	"events_lost":      {famEventsLost, "lb"},
-	"nat_evicted":      {famLBEvents, "nat_evicted"},
-	"pick_ambiguous":   {famLBEvents, "pick_ambiguous"},
-	"bank_retry":       {famLBEvents, "bank_retry"},
-	"quota":            {famQuota, "lb_conns"},
+	"selected":           {famLBEvents, "selected"},
+	"no_backend":         {famLBEvents, "no_backend"},
+	"affinity_hits":      {famLBEvents, "affinity_hits"},
+	"terminating_used":   {famLBEvents, "terminating_used"},
+	"udp_reversed":       {famLBEvents, "udp_reversed"},
+	"peername":           {famLBEvents, "peername"},
+	"conns_tracked":      {famLBEvents, "conns_tracked"},
+	"err_storage":        {famLBErrors, "storage"},
+	"err_conns":          {famLBErrors, "conns_table"},
+	"events_lost":        {famEventsLost, "lb"},
+	"nat_evicted":        {famLBEvents, "nat_evicted"},
+	"pick_ambiguous":     {famLBEvents, "pick_ambiguous"},
+	"bank_retry":         {famLBEvents, "bank_retry"},
+	"quota":              {famQuota, "lb_conns"},
+	"pol_denied_connect": {famPolEvents, "denied_connect"},
+	"pol_denied_packet":  {famPolEvents, "denied_packet"},
+	"pol_first_packet":   {famPolEvents, "first_packet"},
+	"pol_flow_hits":      {famPolEvents, "flow_hits"},
+	"pol_replies":        {famPolEvents, "replies"},
 }

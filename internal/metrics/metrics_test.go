@@ -70,6 +70,10 @@ func (f *fakeSource) Sockets() (int, error)                    { return 4, nil }
 func (f *fakeSource) TrackedSockets() (int, error)             { return 2, nil }
 func (f *fakeSource) ServiceStats() (*datapath.LBStats, error) { return f.lb, nil }
 func (f *fakeSource) Programs() []*ebpf.Program                { return nil }
+func (f *fakeSource) PolicyCounts() (map[uint32]datapath.PolicyCount, error) {
+	return map[uint32]datapath.PolicyCount{3: {Allowed: 5, Denied: 2}}, nil
+}
+
 func (f *fakeSource) Settings() (datapath.Settings, error) {
 	return datapath.Settings{BacklogLimit: 1 << 20, VerdictWindow: 4096, BypassBrief: datapath.ModeOn}, nil
 }
@@ -122,7 +126,9 @@ func TestCollector(t *testing.T) {
 		return []service.Skipped{{Service: "default/huge", Reason: "backends: 20000 backends, at most 16384"}}, nil
 	}
 	var logged bytes.Buffer
-	c := New(src, names, skipped, slog.New(slog.NewTextHandler(&logged, nil)))
+	c := New(src, names, skipped, slog.New(slog.NewTextHandler(&logged, nil))).WithPolicyNames(func() (map[uint32]string, error) {
+		return map[uint32]string{3: "x/deny"}, nil
+	})
 	c.Refresh()
 	text, vals := scrape(t, c)
 	for key, want := range map[string]float64{
@@ -141,6 +147,8 @@ func TestCollector(t *testing.T) {
 		"socklane_datapath_setting,setting=bypass_brief":                                                               1,
 		"socklane_collection_errors_total":                                                                             0,
 		"socklane_service_skipped,service=default/huge":                                                                1,
+		"socklane_policy_verdicts_total,policy=x/deny,verdict=denied":                                                  2,
+		"socklane_policy_verdicts_total,policy=x/deny,verdict=allowed":                                                 5,
 	} {
 		if got, ok := vals[key]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v\n%s", key, got, ok, want, text)

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/socklane/socklane/internal/yamlsrc"
 )
 
 // Protocol of a service port.
@@ -127,32 +129,10 @@ type Set struct {
 }
 
 // FieldError is a problem at one place of a service source.
-type FieldError struct {
-	Line  int    // 1-based line in the source; 0 if unknown
-	Field string // path such as services[2].ports[0].protocol
-	Msg   string
-}
-
-func (e *FieldError) Error() string {
-	if e.Line > 0 {
-		return fmt.Sprintf("line %d: %s: %s", e.Line, e.Field, e.Msg)
-	}
-	return fmt.Sprintf("%s: %s", e.Field, e.Msg)
-}
+type FieldError = yamlsrc.FieldError
 
 // Errors is every problem found; nothing of a source with errors applies.
-type Errors []*FieldError
-
-func (es Errors) Error() string {
-	var b strings.Builder
-	for i, e := range es {
-		if i > 0 {
-			b.WriteString("\n")
-		}
-		b.WriteString(e.Error())
-	}
-	return b.String()
-}
+type Errors = yamlsrc.Errors
 
 // lines locates fields in the source for error messages.
 type lines func(field string) int

@@ -10,9 +10,8 @@ import (
 	"os"
 	"regexp"
 	"slices"
-	"strconv"
-	"strings"
 
+	"github.com/socklane/socklane/internal/yamlsrc"
 	"gopkg.in/yaml.v3"
 )
 
@@ -46,8 +45,7 @@ func Parse(src []byte) (*Set, error) {
 	if err := yaml.Unmarshal(src, &root); err != nil {
 		return nil, fmt.Errorf("parsing YAML: %w", err)
 	}
-	idx := map[string]*yaml.Node{}
-	index(&root, "", idx)
+	idx := yamlsrc.NewIndex(&root)
 	// Addresses first: their parse errors would otherwise lack a line.
 	var addrErrs Errors
 	for path, n := range idx {
@@ -70,20 +68,7 @@ func Parse(src []byte) (*Set, error) {
 	if err := dec.Decode(new(File)); !errors.Is(err, io.EOF) {
 		return nil, errors.New("the service file holds more than one YAML document")
 	}
-	return normalise(f.Services, func(field string) int {
-		// A missing field is reported at its parent.
-		for field != "" {
-			if n, ok := idx[field]; ok {
-				return n.Line
-			}
-			i := strings.LastIndexAny(field, ".[")
-			if i < 0 {
-				break
-			}
-			field = field[:i]
-		}
-		return 0
-	})
+	return normalise(f.Services, idx.Line)
 }
 
 // ParseFile is Parse on a file's contents.
@@ -101,33 +86,3 @@ func ParseFile(path string) (*Set, error) {
 
 // addrField matches the paths of address fields.
 var addrField = regexp.MustCompile(`^services\[\d+\]\.(vips\[\d+\]|backends\[\d+\]\.ip)$`)
-
-// index records the node of every field path (services[0].ports[1].port):
-// the key's node for a mapping entry, the item's for a sequence element.
-func index(n *yaml.Node, path string, out map[string]*yaml.Node) {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			index(c, path, out)
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
-			out[p] = k
-			if v.Kind == yaml.ScalarNode {
-				out[p] = v
-			}
-			index(v, p, out)
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := path + "[" + strconv.Itoa(i) + "]"
-			out[p] = c
-			index(c, p, out)
-		}
-	}
-}

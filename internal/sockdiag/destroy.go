@@ -205,3 +205,67 @@ func (c *Conn) DestroyTimeWait(match func(netip.AddrPort) bool) (int, error) {
 	}
 	return removed, nil
 }
+
+// TCP states (the kernel's numbering) that Connections reads.
+const (
+	TCPEstablished = 1
+	TCPListen      = 10
+	tcpClose       = 7
+)
+
+// Connected is a connected socket of one network namespace, with whether
+// it was accepted (its local port has a listener there: it is the server
+// end).
+type Connected struct {
+	Socket
+	Accepted bool
+}
+
+// DestroyConnected visits every network namespace of the node, offers
+// each connected TCP and UDP socket to judge, and destroys those it
+// returns true for. It returns how many it destroyed.
+func DestroyConnected(judge func(Connected) bool) (int, error) {
+	paths, err := Namespaces()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, p := range paths {
+		c, err := OpenIn(p)
+		if err != nil {
+			continue // the namespace went away
+		}
+		var doomed []Socket
+		for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+				socks, err := c.Dump(fam, proto)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				listening := map[uint16]bool{}
+				for _, s := range socks {
+					if proto == unix.IPPROTO_TCP && s.State == TCPListen {
+						listening[s.ID.SrcPort] = true
+					}
+				}
+				for _, s := range socks {
+					if s.ID.DstPort == 0 || (proto == unix.IPPROTO_TCP && (s.State == TCPListen || s.State == TCPTimeWait || s.State == tcpClose)) {
+						continue
+					}
+					if judge(Connected{Socket: s, Accepted: proto == unix.IPPROTO_TCP && listening[s.ID.SrcPort]}) {
+						doomed = append(doomed, s)
+					}
+				}
+			}
+		}
+		d, err := c.destroyEach(doomed)
+		n += d
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.Close()
+	}
+	return n, errors.Join(errs...)
+}

@@ -409,9 +409,9 @@ type holder struct {
 	backend map[int]string // socket index -> backend it reached
 }
 
-func startHold(t *testing.T, lb *lbBed, from *testbed.Pod, conns int, args ...string) *holder {
+func startHold(t *testing.T, in *testutil.Instance, from *testbed.Pod, conns int, args ...string) *holder {
 	t.Helper()
-	cmd, err := from.Command(lb.in.Bin, append([]string{"peer", "hold", "--conns", fmt.Sprint(conns), "--for", "60s"}, args...)...)
+	cmd, err := from.Command(in.Bin, append([]string{"peer", "hold", "--conns", fmt.Sprint(conns), "--for", "60s"}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

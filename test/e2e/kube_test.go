@@ -285,7 +285,7 @@ func TestKubeServices(t *testing.T) {
 		t.Fatalf("through the ClusterIP: %v %v", r.Replies, r.Errors)
 	}
 
-	h := startHold(t, lb, lb.client, 12, "--mode", "tcp", "198.19.0.10:80")
+	h := startHold(t, lb.in, lb.client, 12, "--mode", "tcp", "198.19.0.10:80")
 	updated := time.Now()
 	if _, err := api.Client.DiscoveryV1().EndpointSlices("default").Update(ctx, slice(be1.IPv4.String()), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

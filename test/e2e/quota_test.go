@@ -121,14 +121,14 @@ func TestOwnerQuotas(t *testing.T) {
 		// sockets to the VIP than its quota.
 		before := lb.lbCounters(t)
 		n := int(q.LBConns) + over
-		startHold(t, lb, lb.host, n, "--mode", "udp", "198.19.0.10:53")
+		startHold(t, lb.in, lb.host, n, "--mode", "udp", "198.19.0.10:53")
 		mustAtLeast(t, testutil.Delta(before, lb.lbCounters(t)), "quota", uint64(over))
 		if o := ownerOf(t, lb.in, lb.host); o == nil || o.LBConns != q.LBConns || o.RefusedLBConns < uint64(over) {
 			t.Fatalf("status names the attacker %+v, want it holding %d translated sockets", o, q.LBConns)
 		}
 		// The victim's sockets are still recorded: removing a backend
 		// destroys those on it.
-		h := startHold(t, lb, lb.client, 12, "--mode", "tcp", "198.19.0.10:80")
+		h := startHold(t, lb.in, lb.client, 12, "--mode", "tcp", "198.19.0.10:80")
 		on0 := h.on("be0")
 		lb.apply(t, fmt.Sprintf("services:\n  - name: who\n    vips: [198.19.0.10]\n    ports: [{name: tcp, port: 80, protocol: TCP, targetPort: 8080}]\n    backends: [{ip: %s}]\n", be1.IPv4))
 		closed := h.closed(t, len(on0), 0)

@@ -66,10 +66,10 @@ func TestServiceBackendRemoval(t *testing.T) {
 	lbBefore, before := lb.lbCounters(t), lb.in.Counters()
 	const n = 12
 	holds := []*holder{
-		startHold(t, lb, lb.client, n, "--mode", "tcp", "198.19.0.10:80"),
-		startHold(t, lb, lb.client, n, "--mode", "tcp", "[2001:db8:19::10]:80"),
-		startHold(t, lb, lb.client, n, "--mode", "udp", "198.19.0.10:53"),
-		startHold(t, lb, lb.host, n, "--mode", "tcp", "198.19.0.10:80"),
+		startHold(t, lb.in, lb.client, n, "--mode", "tcp", "198.19.0.10:80"),
+		startHold(t, lb.in, lb.client, n, "--mode", "tcp", "[2001:db8:19::10]:80"),
+		startHold(t, lb.in, lb.client, n, "--mode", "udp", "198.19.0.10:53"),
+		startHold(t, lb.in, lb.host, n, "--mode", "tcp", "198.19.0.10:80"),
 	}
 	mustAtLeast(t, testutil.Delta(lbBefore, lb.lbCounters(t)), "conns_tracked", 4*n)
 	// The pod-to-pod TCP sockets are bypassed: destruction works there too.
@@ -133,7 +133,7 @@ func TestServiceDNS(t *testing.T) {
 	if a := query("+tcp"); a != be0.IPv4.String() && a != be1.IPv4.String() {
 		t.Errorf("dig +tcp through the VIP: %q", a)
 	}
-	h := startHold(t, lb, lb.client, 16, "--mode", "dns", "--name", "who.svc.test", "198.19.0.53:53")
+	h := startHold(t, lb.in, lb.client, 16, "--mode", "dns", "--name", "who.svc.test", "198.19.0.53:53")
 	checkRemoval(t, []*holder{h}, be0.IPv4.String(), func() map[string]float64 {
 		return lb.applyJSON(t, svc(be1))
 	})
@@ -155,8 +155,8 @@ func TestServiceTrackedPrune(t *testing.T) {
 	lb.apply(t, fmt.Sprintf(removalServices, fmt.Sprintf("      - {ip: %s}\n      - {ip: %s}\n", be0.IPv4, be1.IPv4)))
 	const n = 10
 	base := trackedSockets(t, lb.in)
-	live := startHold(t, lb, lb.host, n, "--mode", "tcp", "198.19.0.10:80")
-	gone := startHold(t, lb, lb.client, n, "--mode", "tcp", "198.19.0.10:80")
+	live := startHold(t, lb.in, lb.host, n, "--mode", "tcp", "198.19.0.10:80")
+	gone := startHold(t, lb.in, lb.client, n, "--mode", "tcp", "198.19.0.10:80")
 	if got := trackedSockets(t, lb.in); got != base+2*n {
 		t.Fatalf("tracked sockets %d with %d held open, want %d", got, 2*n, base+2*n)
 	}

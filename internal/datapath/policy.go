@@ -1,0 +1,180 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/policy"
+)
+
+// PolicyStats is what an apply of network policy wrote.
+type PolicyStats struct {
+	Policies  int           `json:"policies"`
+	Addresses int           `json:"addresses"`
+	Cgroups   int           `json:"cgroups"`
+	Rules     int           `json:"rules"`
+	Bank      uint32        `json:"bank"`
+	Took      time.Duration `json:"took_ns"`
+}
+
+// PolicyCount is what the datapath decided under one policy id.
+type PolicyCount struct {
+	Allowed uint64 `json:"allowed"`
+	Denied  uint64 `json:"denied"`
+}
+
+type (
+	polIPKey     = servicelbSlPolIpKey
+	polPeer      = servicelbSlPolPeer
+	polCgroupKey = servicelbSlPolCgroupKey
+	polRuleKey   = servicelbSlPolRuleKey
+	polRule      = servicelbSlPolRule
+	polLive      = servicelbSlPolLive
+)
+
+// PolicyLive is the live bank, whether policy is on, and the applies so far.
+func (d *Datapath) PolicyLive() (bank uint32, enabled bool, generation uint64, err error) {
+	var l polLive
+	if err := d.lb.SlPolCtl.Lookup(uint32(0), &l); err != nil {
+		return 0, false, 0, fmt.Errorf("reading the policy state: %w", err)
+	}
+	return l.Bank, l.Enabled != 0, l.Generation, nil
+}
+
+// ApplyPolicies writes compiled tables to the bank that is not live and
+// publishes it with one update; the programs read the live bank once per
+// decision, so none sees half an apply. The previous bank stays whole
+// until the next apply clears it. freed are ids of policies gone since
+// the last apply: their counters restart from zero.
+func (d *Datapath) ApplyPolicies(t *policy.Tables, freed []uint32) (PolicyStats, error) {
+	start := time.Now()
+	live, _, gen, err := d.PolicyLive()
+	if err != nil {
+		return PolicyStats{}, err
+	}
+	next := 1 - live
+	if err := d.clearPolicyBank(next); err != nil {
+		return PolicyStats{}, err
+	}
+	st := PolicyStats{Policies: len(t.IDs), Addresses: len(t.IPs), Cgroups: len(t.Cgroups), Rules: len(t.Rules), Bank: next}
+	ipKeys, ipVals := make([]polIPKey, len(t.IPs)), make([]polPeer, len(t.IPs))
+	for i, e := range t.IPs {
+		bits := e.Prefix.Bits()
+		if e.Prefix.Addr().Is4() {
+			bits += 96
+		}
+		ipKeys[i] = polIPKey{Prefixlen: 32 + uint32(bits), Bank: next, Ip: addrWords(e.Prefix.Masked().Addr())}
+		ipVals[i] = peerOf(e.Entry)
+	}
+	if err := batchPut(d.lb.SlPolIps, ipKeys, ipVals); err != nil {
+		return st, fmt.Errorf("writing policy addresses: %w", err)
+	}
+	cgKeys, cgVals := make([]polCgroupKey, len(t.Cgroups)), make([]polPeer, len(t.Cgroups))
+	for i, e := range t.Cgroups {
+		cgKeys[i] = polCgroupKey{Cgroup: e.ID, Bank: next}
+		cgVals[i] = peerOf(e.Entry)
+	}
+	if err := batchPut(d.lb.SlPolCgroups, cgKeys, cgVals); err != nil {
+		return st, fmt.Errorf("writing policy endpoints: %w", err)
+	}
+	rKeys, rVals := make([]polRuleKey, len(t.Rules)), make([]polRule, len(t.Rules))
+	for i, r := range t.Rules {
+		k := polRuleKey{Bank: next, Ep: r.Endpoint, Dir: dirOf(r.Dir), Class: r.Class, Prefixlen: uint32(servicelbSlPolRuleBitsSL_POL_RULE_ALL_BITS)}
+		if r.Protocol != 0 {
+			k.Proto = uint8(r.Protocol)
+			k.Port = [2]uint8{uint8(r.Port >> 8), uint8(r.Port)}
+			k.Prefixlen = uint32(servicelbSlPolRuleBitsSL_POL_RULE_PROTO_BITS) + uint32(r.Bits)
+		}
+		rKeys[i] = k
+		rVals[i] = polRule{Policy: r.Policy}
+	}
+	if err := batchPut(d.lb.SlPolRules, rKeys, rVals); err != nil {
+		return st, fmt.Errorf("writing policy rules: %w", err)
+	}
+	zero := make([]servicelbSlPolCount, len(freed))
+	if err := batchPut(d.lb.SlPolStats, freed, zero); err != nil {
+		return st, fmt.Errorf("resetting counters of removed policies: %w", err)
+	}
+	l := polLive{Bank: next, Generation: gen + 1}
+	if len(t.IDs) > 0 {
+		l.Enabled = 1
+	}
+	if err := d.lb.SlPolCtl.Put(uint32(0), &l); err != nil {
+		return st, fmt.Errorf("publishing policy bank %d: %w", next, err)
+	}
+	st.Took = time.Since(start)
+	return st, nil
+}
+
+// clearPolicyBank removes every entry of bank b.
+func (d *Datapath) clearPolicyBank(b uint32) error {
+	ips, err := readAll[polIPKey, polPeer](d.lb.SlPolIps)
+	if err != nil {
+		return fmt.Errorf("reading policy addresses: %w", err)
+	}
+	if err := deleteAll(d.lb.SlPolIps, keysWhere(ips, func(k polIPKey) bool { return k.Bank == b })); err != nil {
+		return fmt.Errorf("clearing policy addresses: %w", err)
+	}
+	cgs, err := readAll[polCgroupKey, polPeer](d.lb.SlPolCgroups)
+	if err != nil {
+		return fmt.Errorf("reading policy endpoints: %w", err)
+	}
+	if err := deleteAll(d.lb.SlPolCgroups, keysWhere(cgs, func(k polCgroupKey) bool { return k.Bank == b })); err != nil {
+		return fmt.Errorf("clearing policy endpoints: %w", err)
+	}
+	rules, err := readAll[polRuleKey, polRule](d.lb.SlPolRules)
+	if err != nil {
+		return fmt.Errorf("reading policy rules: %w", err)
+	}
+	if err := deleteAll(d.lb.SlPolRules, keysWhere(rules, func(k polRuleKey) bool { return k.Bank == b })); err != nil {
+		return fmt.Errorf("clearing policy rules: %w", err)
+	}
+	return nil
+}
+
+func keysWhere[K comparable, V any](m map[K]V, keep func(K) bool) []K {
+	var out []K
+	for k := range m {
+		if keep(k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func dirOf(d policy.Direction) uint32 {
+	if d == policy.Egress {
+		return uint32(servicelbSlPolDirSL_POL_EGRESS)
+	}
+	return uint32(servicelbSlPolDirSL_POL_INGRESS)
+}
+
+func peerOf(e policy.Entry) polPeer {
+	p := polPeer{Class: e.Class, Class6: e.Class6, Identity: e.Identity, Ep: e.Endpoint}
+	if e.Isolated[policy.Ingress] {
+		p.Flags |= uint32(servicelbSlPolFlagSL_POL_ISOLATED_INGRESS)
+		p.Policy[servicelbSlPolDirSL_POL_INGRESS] = e.Policy[policy.Ingress]
+	}
+	if e.Isolated[policy.Egress] {
+		p.Flags |= uint32(servicelbSlPolFlagSL_POL_ISOLATED_EGRESS)
+		p.Policy[servicelbSlPolDirSL_POL_EGRESS] = e.Policy[policy.Egress]
+	}
+	return p
+}
+
+// PolicyCounts reads the verdicts per policy id (ids with none are left out).
+func (d *Datapath) PolicyCounts() (map[uint32]PolicyCount, error) {
+	all, err := readAll[uint32, servicelbSlPolCount](d.lb.SlPolStats)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("reading policy counters: %w", err)
+	}
+	out := map[uint32]PolicyCount{}
+	for id, c := range all {
+		if c.Allowed != 0 || c.Denied != 0 {
+			out[id] = PolicyCount{Allowed: c.Allowed, Denied: c.Denied}
+		}
+	}
+	return out, nil
+}

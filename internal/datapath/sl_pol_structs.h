@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: data structures of the network policy, shared with Go through
+ * BTF. The agent compiles Kubernetes NetworkPolicy into these tables (see
+ * internal/policy); the programs only look them up.
+ *
+ * Every table is written in two banks: an apply fills the bank that is
+ * not live, then publishes it by one update of sl_pol_ctl. A program
+ * reads the live bank once and does all its lookups in it. */
+#ifndef SL_POL_STRUCTS_H
+#define SL_POL_STRUCTS_H
+
+#include <linux/types.h>
+
+enum sl_pol_limits {
+	SL_POL_MAX_IPS = 131072,      /* address entries, both banks */
+	SL_POL_MAX_RULES = 1048576,   /* rule entries, both banks */
+	SL_POL_MAX_CGROUPS = 16384,   /* local endpoint cgroups, both banks */
+	SL_POL_MAX_POLICIES = 65536,  /* policy ids (counters) */
+	SL_POL_MAX_FLOWS = 65536,     /* cached verdicts of UDP flows */
+	SL_POL_MAX_REPLIES = 65536,   /* unconnected UDP sends whose replies are let in */
+	SL_POL_CGROUP_DEPTH = 16,     /* ancestor levels searched for a pod's cgroup */
+};
+
+/* Reserved peer classes and identities. */
+enum sl_pol_class {
+	SL_POL_CLASS_WORLD = 0,       /* an address nothing names */
+	SL_POL_CLASS_ANY = 0xffffffff, /* a rule that allows every peer */
+};
+
+/* Reserved identities; pods' start at SL_POL_IDENTITY_PODS. */
+enum sl_pol_identity {
+	SL_POL_IDENTITY_WORLD = 0,
+	SL_POL_IDENTITY_HOST = 1,     /* this node: always let in (as Kubernetes has it) */
+	SL_POL_IDENTITY_PODS = 256,
+};
+
+enum sl_pol_dir {
+	SL_POL_INGRESS = 0,
+	SL_POL_EGRESS = 1,
+};
+
+enum sl_pol_flag {
+	SL_POL_ISOLATED_INGRESS = 1,
+	SL_POL_ISOLATED_EGRESS = 2,
+};
+
+/* The live bank, and whether any policy is programmed at all (none: every
+ * hook leaves at its first lookup). */
+struct sl_pol_live {
+	__u32 bank;
+	__u32 enabled;
+	__u64 generation;             /* applies so far: cached UDP verdicts of another are stale */
+};
+
+/* An address or prefix (IPv6, or IPv4-mapped, network order) in a bank.
+ * prefixlen counts the bank's 32 bits. */
+struct sl_pol_ip_key {
+	__u32 prefixlen;
+	__u32 bank;
+	__u32 ip[4];
+};
+
+/* What an address (or a local pod's cgroup) is to the policy. */
+struct sl_pol_peer {
+	__u32 class;                  /* peer class: identity, the ipBlocks holding it, its named ports */
+	__u32 class6;                 /* cgroup entries: the class of the pod's IPv6 address */
+	__u32 identity;               /* numeric identity of (namespace, its labels, pod labels); 0 world, 1 host */
+	__u32 ep;                     /* local endpoint id (a pod on this node), 0 if none */
+	__u32 flags;                  /* enum sl_pol_flag of the endpoint */
+	__u32 policy[2];              /* a policy isolating the endpoint, by enum sl_pol_dir (for reports) */
+	__u32 pad;
+};
+
+/* A local pod's cgroup in a bank. */
+struct sl_pol_cgroup_key {
+	__u64 cgroup;
+	__u32 bank;
+	__u32 pad;
+};
+
+/* An allow rule of a local endpoint for one direction: peers of a class
+ * (or every peer: SL_POL_CLASS_ANY), then a protocol (prefix through it),
+ * then a port prefix (port in network order). prefixlen counts the bits
+ * from bank on: SL_POL_RULE_ALL_BITS allows every protocol and port. */
+struct sl_pol_rule_key {
+	__u32 prefixlen;
+	__u32 bank;
+	__u32 ep;
+	__u32 dir;
+	__u32 class;
+	__u8 proto;
+	__u8 port[2];
+	__u8 pad;
+};
+
+enum sl_pol_rule_bits {
+	SL_POL_RULE_ALL_BITS = 128,   /* bank, ep, dir, class */
+	SL_POL_RULE_PROTO_BITS = 136, /* and the protocol */
+	SL_POL_RULE_PORT_BITS = 152,  /* and the whole port */
+};
+
+/* The policy whose rule matched (allows are counted to it). */
+struct sl_pol_rule {
+	__u32 policy;
+	__u32 pad;
+};
+
+/* Verdicts per policy id, shared (added to atomically). */
+struct sl_pol_count {
+	__u64 allowed;
+	__u64 denied;
+};
+
+/* A UDP flow into a local pod seen at its first datagram. */
+struct sl_pol_flow_key {
+	__u32 src[4];
+	__u32 dst[4];
+	__u16 sport;
+	__u16 dport;
+	__u32 pad;
+};
+
+struct sl_pol_flow {
+	__u64 generation;
+	__u32 allow;
+	__u32 pad;
+};
+
+/* An unconnected UDP socket's send: replies from there are let in. */
+struct sl_pol_reply_key {
+	__u64 cookie;
+	__u32 ip[4];
+	__u16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+#endif

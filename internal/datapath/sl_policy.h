@@ -1,0 +1,233 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: the network policy decision, made once per connection.
+ *
+ * Egress is judged where the client connects (connect4/6, and sendmsg4/6
+ * for unconnected UDP), after the service translation: against the
+ * backend actually chosen. Ingress of a pod on this node is judged there
+ * too when the client is a pod of this node (both ends are known), and
+ * always at the server's socket on the first packet of a flow (TCP SYN,
+ * a UDP flow's first datagram), where clients from other nodes and the
+ * host network arrive. Established traffic leaves the packet hook after
+ * reading the TCP flags. */
+#ifndef SL_POLICY_H
+#define SL_POLICY_H
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "sl_pol_structs.h"
+#include "sl_pol_maps.h"
+#include "sl_lb_structs.h"
+#include "sl_event_maps.h"
+
+/* A denial: the direction whose rules refused, the policy isolating the
+ * pod there, and both identities. */
+struct sl_pol_verdict {
+	__u32 policy;
+	__u32 dir;
+	__u32 src_id;
+	__u32 dst_id;
+};
+
+static __always_inline struct sl_pol_live *pol_ctl(void)
+{
+	__u32 zero = 0;
+	struct sl_pol_live *c = bpf_map_lookup_elem(&sl_pol_ctl, &zero);
+	if (!c || !c->enabled)
+		return 0;
+	return c;
+}
+
+static __always_inline int pol_loopback(const __u32 ip[4])
+{
+	if (ip[0] == 0 && ip[1] == 0 && ip[2] == bpf_htonl(0xffff))
+		return (bpf_ntohl(ip[3]) >> 24) == 127;
+	return ip[0] == 0 && ip[1] == 0 && ip[2] == 0 && ip[3] == bpf_htonl(1);
+}
+
+static __always_inline int pol_v4(const __u32 ip[4])
+{
+	return ip[0] == 0 && ip[1] == 0 && ip[2] == bpf_htonl(0xffff);
+}
+
+static __always_inline struct sl_pol_peer *pol_addr(__u32 bank, const __u32 ip[4])
+{
+	struct sl_pol_ip_key k = {.prefixlen = 32 + 128, .bank = bank};
+	k.ip[0] = ip[0];
+	k.ip[1] = ip[1];
+	k.ip[2] = ip[2];
+	k.ip[3] = ip[3];
+	return bpf_map_lookup_elem(&sl_pol_ips, &k);
+}
+
+/* The local endpoint of the calling process: its cgroup, or the nearest
+ * ancestor registered (a pod's containers live below the pod's cgroup). */
+static __always_inline struct sl_pol_peer *pol_self(__u32 bank)
+{
+	struct sl_pol_cgroup_key k = {.cgroup = bpf_get_current_cgroup_id(), .bank = bank};
+	struct sl_pol_peer *p = bpf_map_lookup_elem(&sl_pol_cgroups, &k);
+	if (p)
+		return p;
+	for (int l = SL_POL_CGROUP_DEPTH - 1; l > 0; l--) {
+		__u64 id = bpf_get_current_ancestor_cgroup_id(l);
+		if (!id)
+			continue;
+		k.cgroup = id;
+		p = bpf_map_lookup_elem(&sl_pol_cgroups, &k);
+		if (p)
+			return p;
+	}
+	return 0;
+}
+
+static __always_inline void pol_count(__u32 policy, int denied)
+{
+	struct sl_pol_count *c = bpf_map_lookup_elem(&sl_pol_stats, &policy);
+	if (!c)
+		return;
+	if (denied)
+		__sync_fetch_and_add(&c->denied, 1);
+	else
+		__sync_fetch_and_add(&c->allowed, 1);
+}
+
+/* The policy of the first rule of endpoint ep allowing class on proto and
+ * port (host order), or 0. */
+static __always_inline __u32 pol_rule(__u32 bank, __u32 ep, __u32 dir, __u32 class, __u8 proto, __u16 port)
+{
+	struct sl_pol_rule_key k = {
+		.prefixlen = SL_POL_RULE_PORT_BITS,
+		.bank = bank,
+		.ep = ep,
+		.dir = dir,
+		.class = class,
+		.proto = proto,
+		.port = {port >> 8, port & 0xff},
+	};
+	struct sl_pol_rule *r = bpf_map_lookup_elem(&sl_pol_rules, &k);
+	if (r)
+		return r->policy;
+	k.class = SL_POL_CLASS_ANY;
+	r = bpf_map_lookup_elem(&sl_pol_rules, &k);
+	return r ? r->policy : 0;
+}
+
+/* Judges a flow from src (an endpoint of this node, or null: judged by
+ * its address class src_class only) to dst (what the destination address
+ * is, or null) on proto and port. Returns 0 to allow, -1 to deny (v says
+ * why). */
+static __always_inline int pol_judge(__u32 bank, const struct sl_pol_peer *src, __u32 src_class, __u32 src_id,
+				     const struct sl_pol_peer *dst, __u32 dst_class, __u8 proto, __u16 port,
+				     struct sl_pol_verdict *v)
+{
+	__u32 p;
+	v->src_id = src_id;
+	v->dst_id = dst ? dst->identity : 0;
+	if (src && src->ep && (src->flags & SL_POL_ISOLATED_EGRESS)) {
+		p = pol_rule(bank, src->ep, SL_POL_EGRESS, dst_class, proto, port);
+		if (!p) {
+			v->policy = src->policy[SL_POL_EGRESS];
+			v->dir = SL_POL_EGRESS;
+			return -1;
+		}
+		pol_count(p, 0);
+	}
+	/* Traffic from the pod's own node is always let in. */
+	if (dst && dst->ep && (dst->flags & SL_POL_ISOLATED_INGRESS) && src_id != SL_POL_IDENTITY_HOST) {
+		p = pol_rule(bank, dst->ep, SL_POL_INGRESS, src_class, proto, port);
+		if (!p) {
+			v->policy = dst->policy[SL_POL_INGRESS];
+			v->dir = SL_POL_INGRESS;
+			return -1;
+		}
+		pol_count(p, 0);
+	}
+	return 0;
+}
+
+/* Reports a denial (src: the client's address if known, dst: the server). */
+static __always_inline void pol_event(void *ctx, const struct sl_pol_verdict *v, const __u32 *src, __u16 sport,
+				      const __u32 *dst, __u16 dport, __u8 proto)
+{
+	int lost;
+	pol_count(v->policy, 1);
+	struct sl_event *e = event_reserve(&lost);
+	if (!e)
+		return;
+	e->type = SL_EV_POLICY_DENIED;
+	e->svc_id = v->policy;
+	e->dir = v->dir;
+	e->proto = proto;
+	e->src_identity = v->src_id;
+	e->dst_identity = v->dst_id;
+	if (src) {
+		e->src_ip[0] = src[0];
+		e->src_ip[1] = src[1];
+		e->src_ip[2] = src[2];
+		e->src_ip[3] = src[3];
+	}
+	e->src_port = sport;
+	e->dst_ip[0] = dst[0];
+	e->dst_ip[1] = dst[1];
+	e->dst_ip[2] = dst[2];
+	e->dst_ip[3] = dst[3];
+	e->dst_port = dport;
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* An unconnected UDP socket's exchange with a peer, under the live
+ * policy: answers either way are part of a flow already judged. */
+static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, __u64 cookie, const __u32 *ip, __u16 port)
+{
+	struct sl_pol_reply_key rk = {.cookie = cookie, .port = port};
+	rk.ip[0] = ip[0];
+	rk.ip[1] = ip[1];
+	rk.ip[2] = ip[2];
+	rk.ip[3] = ip[3];
+	__u64 gen = ctl->generation;
+	bpf_map_update_elem(&sl_pol_replies, &rk, &gen, BPF_ANY);
+}
+
+static __always_inline int pol_is_reply(struct sl_pol_live *ctl, __u64 cookie, const __u32 *ip, __u16 port)
+{
+	struct sl_pol_reply_key rk = {.cookie = cookie, .port = port};
+	rk.ip[0] = ip[0];
+	rk.ip[1] = ip[1];
+	rk.ip[2] = ip[2];
+	rk.ip[3] = ip[3];
+	__u64 *gen = bpf_map_lookup_elem(&sl_pol_replies, &rk);
+	return gen && *gen == ctl->generation;
+}
+
+/* The connecting (or sending) process's flow to dst: 0 to go on, -1 if
+ * denied (reported). unconnected: a UDP send with an address, which may
+ * answer a datagram let in (judged then), and whose answers come back. */
+static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const struct sl_backend *dst, __u8 proto,
+				       int unconnected, struct sl_pol_verdict *v)
+{
+	struct sl_pol_live *ctl = pol_ctl();
+	if (!ctl || pol_loopback(dst->ip))
+		return 0;
+	__u32 bank = ctl->bank;
+	__u64 cookie = 0;
+	if (unconnected) {
+		cookie = bpf_get_socket_cookie(ctx);
+		if (pol_is_reply(ctl, cookie, dst->ip, dst->port)) {
+			lb_count(SL_LB_POL_REPLIES);
+			return 0;
+		}
+	}
+	struct sl_pol_peer *self = pol_self(bank);
+	if (!self)
+		return 0; /* not a pod's process: the server's first packet judges it */
+	struct sl_pol_peer *peer = pol_addr(bank, dst->ip);
+	__u32 self_class = pol_v4(dst->ip) ? self->class : self->class6;
+	if (pol_judge(bank, self, self_class, self->identity, peer, peer ? peer->class : SL_POL_CLASS_WORLD, proto, dst->port, v))
+		return -1;
+	if (unconnected && (self->flags & SL_POL_ISOLATED_INGRESS))
+		pol_allow_replies(ctl, cookie, dst->ip, dst->port);
+	return 0;
+}
+
+#endif
