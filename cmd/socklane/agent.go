@@ -14,6 +14,8 @@ func newAgentCmd(g *globals) *cobra.Command {
 	var set settingsFlags
 	var servicesFile string
 	var servicesInterval time.Duration
+	var policiesFile string
+	var kubePolicies bool
 	var webCfg agent.WebConfig
 	var bpfStats bool
 	var podSelector, criSocket string
@@ -33,6 +35,7 @@ socklane with 'socklane down'.`,
 			ctx := cmd.Context()
 			cfg := agent.Config{Config: set.config(g), Cgroups: cgs}
 			cfg.ServicesFile, cfg.ServicesInterval = servicesFile, servicesInterval
+			cfg.PoliciesFile, cfg.KubePolicies = policiesFile, kubePolicies
 			cfg.Web, cfg.BPFStats, cfg.SweepInterval = webCfg, bpfStats, sweepInterval
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
@@ -42,7 +45,8 @@ socklane with 'socklane down'.`,
 	}
 	cmd.Flags().StringArrayVar(&cgs, "cgroup", nil, "cgroup v2 directory to attach to (repeatable; default: the cgroup v2 root)")
 	cmd.Flags().StringVar(&servicesFile, "services", "", "YAML service file to apply at start and again whenever it changes (a bad file is refused at start; later, it is logged and the applied services stay)")
-	cmd.Flags().DurationVar(&servicesInterval, "services-interval", agent.DefaultServicesInterval, "how often to check the service file for changes")
+	cmd.Flags().DurationVar(&servicesInterval, "services-interval", agent.DefaultServicesInterval, "how often to check the service and policy files for changes")
+	cmd.Flags().StringVar(&policiesFile, "policies", "", "YAML policy file (NetworkPolicy objects, the namespaces and pods they select) to enforce from start and again whenever it changes (a bad file is refused at start; later, it is logged and the applied policies stay)")
 	cmd.Flags().StringVar(&webCfg.MetricsAddress, "metrics-address", agent.DefaultMetricsAddress, "serve Prometheus /metrics, /healthz and /readyz here (\"\" for none); an address other pods can reach needs --web-config-file or --metrics-insecure")
 	cmd.Flags().StringVar(&webCfg.WebConfigFile, "web-config-file", "", "Prometheus exporter web configuration (TLS, client certificates, basic auth) for --metrics-address")
 	cmd.Flags().BoolVar(&webCfg.MetricsInsecure, "metrics-insecure", false, "serve /metrics on a non-loopback --metrics-address without TLS or authentication (every pod of the node can read every Service's backends)")
@@ -52,6 +56,7 @@ socklane with 'socklane down'.`,
 	cmd.Flags().StringVar(&criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket (for --pod-selector)")
 	cmd.Flags().DurationVar(&podInterval, "pod-interval", agent.DefaultPodInterval, "how often to list pods for --pod-selector")
 	cmd.Flags().DurationVar(&sweepInterval, "sweep-interval", agent.DefaultSweepInterval, "how often to reclaim the connection slots and load balancer entries of sockets that closed while their cgroup was detached")
+	cmd.Flags().BoolVar(&kubePolicies, "kube-policies", false, "enforce the cluster's NetworkPolicies (watched with its Namespaces and Pods through the API server) on the pods --kube-pod-selector attaches")
 	cmd.Flags().BoolVar(&kubeServices, "kube-services", false, "serve the cluster's Services and EndpointSlices, watched through the Kubernetes API server")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --kube-services or --kube-pod-selector: kubeconfig file (default: the in-cluster configuration)")
 	cmd.Flags().StringVar(&kubePodSelector, "kube-pod-selector", "", "attach to the pods the API server places on this node whose labels match this Kubernetes label selector (found in the runtime by UID; pods that go away are detached)")

@@ -15,6 +15,7 @@ import (
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/kube"
 	"github.com/socklane/socklane/internal/node"
+	"github.com/socklane/socklane/internal/policy"
 	"github.com/socklane/socklane/internal/service"
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/rest"
@@ -32,6 +33,11 @@ type Config struct {
 	// ServicesInterval (default DefaultServicesInterval).
 	ServicesFile     string
 	ServicesInterval time.Duration
+	// PoliciesFile, if set, is a YAML policy file (NetworkPolicy objects
+	// with the namespaces and pods they select) the agent enforces from
+	// start and again whenever its content changes, checked as often as
+	// the service file.
+	PoliciesFile string
 	// Web is where and how /metrics and the probes are served.
 	Web WebConfig
 	// SweepInterval is how often what sockets of detached cgroups left
@@ -57,6 +63,10 @@ type Config struct {
 	// whose labels match, found in the runtime (CRISocket) by UID.
 	KubePodSelector string
 	NodeName        string
+	// KubePolicies enforces the cluster's NetworkPolicies (with its
+	// Namespaces and Pods) on the pods KubePodSelector attaches. Not with
+	// PoliciesFile.
+	KubePolicies bool
 }
 
 // Validate checks the settings that do not need the kernel.
@@ -69,6 +79,12 @@ func (c Config) Validate() error {
 	}
 	if c.KubeServices && c.ServicesFile != "" {
 		return errors.New("--kube-services and --services: give one source of services")
+	}
+	if c.KubePolicies && c.PoliciesFile != "" {
+		return errors.New("--kube-policies and --policies: give one source of policies")
+	}
+	if c.KubePolicies && c.KubePodSelector == "" {
+		return errors.New("--kube-policies needs --kube-pod-selector: policies are enforced on the pods socklane attaches, found through the container runtime")
 	}
 	if c.KubePodSelector != "" && c.PodSelector != "" {
 		return errors.New("--kube-pod-selector and --pod-selector: give one")
@@ -98,17 +114,51 @@ func (c Config) targets() []string {
 // Run starts the agent and waits for ctx. The datapath stays pinned and
 // attached when Run returns: restarting the agent resets no connection.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	var set *service.Set
-	var sum [sha256.Size]byte
+	// The files are read and validated first: a bad one stops the agent
+	// before it touches the node. Their appliers use the datapath once
+	// it is started.
+	var dp *datapath.Datapath
+	var svcWatch *fileWatch[*service.Set]
+	var svcSet *service.Set
+	var svcSum [sha256.Size]byte
 	if cfg.ServicesFile != "" {
-		// A bad file stops the agent before it touches the node.
+		svcWatch = &fileWatch[*service.Set]{what: "service", path: cfg.ServicesFile, parse: service.Parse, log: log,
+			apply: func(set *service.Set) error {
+				st, err := node.ApplyServices(dp, cfg.PinName, set, nil)
+				if err != nil {
+					return err
+				}
+				log.Info("services applied", "file", cfg.ServicesFile, "services", len(set.Services), "frontends", st.Frontends,
+					"added", st.Added, "updated", st.Updated, "removed", st.Removed,
+					"stale_backends", st.Stale, "sockets_destroyed", st.Destroyed, "took", st.Took)
+				return nil
+			}}
 		var err error
-		if set, sum, err = loadServiceFile(cfg.ServicesFile); err != nil {
+		if svcSet, svcSum, err = svcWatch.load(); err != nil {
+			return err
+		}
+	}
+	var polWatch *fileWatch[*policy.Set]
+	var polSet *policy.Set
+	var polSum [sha256.Size]byte
+	if cfg.PoliciesFile != "" {
+		polWatch = &fileWatch[*policy.Set]{what: "policy", path: cfg.PoliciesFile, parse: policy.Parse, log: log,
+			apply: func(set *policy.Set) error {
+				res, err := node.ApplyPolicies(dp, cfg.PinName, set, log)
+				if err != nil {
+					return err
+				}
+				log.Info("policies applied", "file", cfg.PoliciesFile, "policies", res.Policies, "local_pods", res.Cgroups,
+					"rules", res.Rules, "connections_destroyed", res.Destroyed, "compile", res.Compile, "took", res.Took)
+				return nil
+			}}
+		var err error
+		if polSet, polSum, err = polWatch.load(); err != nil {
 			return err
 		}
 	}
 	var kubeCfg *rest.Config
-	if cfg.KubeServices || cfg.KubePodSelector != "" {
+	if cfg.KubeServices || cfg.KubePodSelector != "" || cfg.KubePolicies {
 		if err := cfg.Validate(); err != nil {
 			return err
 		}
@@ -158,21 +208,26 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		defer stats.Close()
 	}
-	dp, _, err := node.Start(cfg.Config, cfg.targets(), log)
+	dp, _, err = node.Start(cfg.Config, cfg.targets(), log)
 	if err != nil {
 		return err
 	}
 	defer dp.Close()
-	var watch *serviceWatch
-	var services <-chan time.Time
-	if set != nil {
-		watch = &serviceWatch{dp: dp, name: cfg.PinName, path: cfg.ServicesFile, log: log}
-		if err := watch.apply(set, sum); err != nil {
+	var files <-chan time.Time
+	if svcWatch != nil {
+		if err := svcWatch.applyNow(svcSet, svcSum); err != nil {
 			return err
 		}
+	}
+	if polWatch != nil {
+		if err := polWatch.applyNow(polSet, polSum); err != nil {
+			return err
+		}
+	}
+	if svcWatch != nil || polWatch != nil {
 		t := tickerOr(cfg.ServicesInterval, DefaultServicesInterval)
 		defer t.Stop()
-		services = t.C
+		files = t.C
 	}
 	var podTick <-chan time.Time
 	if pods != nil {
@@ -182,7 +237,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer t.Stop()
 		podTick = t.C
 	}
-	kubeDone := make(chan error, 1)
+	kubeDone := make(chan error, 2)
+	if cfg.KubePolicies {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			kubeDone <- kube.WatchPolicies(ctx, kubeCfg, cfg.NodeName, 20*time.Millisecond, pods.Cgroups, func(set *policy.Set) error {
+				res, err := node.ApplyPolicies(dp, cfg.PinName, set, log)
+				if err == nil {
+					log.Debug("policies programmed", "policies", res.Policies, "local_pods", res.Cgroups, "rules", res.Rules,
+						"connections_destroyed", res.Destroyed, "took", res.Took)
+				}
+				return err
+			}, log)
+		}()
+	}
 	if kubeCfg != nil {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -221,8 +290,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		case <-ctx.Done():
 			log.Info("agent stopping", "reason", context.Cause(ctx))
 			return nil
-		case <-services:
-			watch.poll()
+		case <-files:
+			if svcWatch != nil {
+				svcWatch.poll()
+			}
+			if polWatch != nil {
+				polWatch.poll()
+			}
 		case <-podTick:
 			pods.reconcile(ctx)
 		case err := <-kubeDone:

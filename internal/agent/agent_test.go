@@ -11,6 +11,7 @@ import (
 
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/node"
+	"github.com/socklane/socklane/internal/service"
 )
 
 // TestValidate: every configuration the agent cannot run is refused
@@ -32,6 +33,9 @@ func TestValidate(t *testing.T) {
 		{"bad pod selector", func(c *Config) { c.PodSelector = "app" }, "--pod-selector"},
 		{"pod interval too short", func(c *Config) { c.PodSelector, c.PodInterval = "app=a", time.Millisecond }, "--pod-interval"},
 		{"pods", func(c *Config) { c.PodSelector, c.PodInterval = "app=a,tier=web", time.Second }, ""},
+		{"two policy sources", func(c *Config) { c.KubePolicies, c.PoliciesFile = true, "p.yaml" }, "give one source of policies"},
+		{"kube policies without kube pods", func(c *Config) { c.KubePolicies = true }, "--kube-pod-selector"},
+		{"kube policies", func(c *Config) { c.KubePolicies, c.KubePodSelector, c.NodeName = true, "app=a", "n1" }, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := ok
@@ -112,20 +116,24 @@ func TestLoadServiceFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte(good), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	set, sum, err := loadServiceFile(path)
+	set, sum, err := svcFile(path).load()
 	if err != nil || set == nil {
 		t.Fatalf("good file: %v", err)
 	}
-	if _, again, _ := loadServiceFile(path); again != sum {
+	if _, again, _ := svcFile(path).load(); again != sum {
 		t.Error("the same content gave another digest")
 	}
 	if err := os.WriteFile(path, []byte("services:\n- name: web\n  vips: [not-an-address]\n  ports: [{port: 80}]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, other, err := loadServiceFile(path); err == nil || other == sum {
+	if _, other, err := svcFile(path).load(); err == nil || other == sum {
 		t.Errorf("bad file: %v (digest changed: %v)", err, other != sum)
 	}
-	if _, _, err := loadServiceFile(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "reading service file") {
+	if _, _, err := svcFile(filepath.Join(dir, "missing.yaml")).load(); err == nil || !strings.Contains(err.Error(), "reading service file") {
 		t.Errorf("missing file: %v", err)
 	}
+}
+
+func svcFile(path string) *fileWatch[*service.Set] {
+	return &fileWatch[*service.Set]{what: "service", path: path, parse: service.Parse}
 }

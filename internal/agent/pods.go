@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"sync"
 	"time"
 
 	"github.com/socklane/socklane/internal/cgroups"
@@ -31,6 +33,17 @@ type podWatch struct {
 	dp       *datapath.Datapath
 	log      *slog.Logger
 	attached map[uint64]string // cgroup id -> pod, attached by this agent
+	// cgroups are the attached pods' cgroup directories by pod UID (the
+	// policy source's local pods), read by another goroutine.
+	mu      sync.Mutex
+	cgroups map[string]string
+}
+
+// Cgroups returns the attached pods' cgroup directories by pod UID.
+func (w *podWatch) Cgroups() map[string]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.cgroups)
 }
 
 // reconcile attaches pods that match and appeared, and removes the
@@ -47,6 +60,12 @@ func (w *podWatch) reconcile(ctx context.Context) {
 		return
 	}
 	want := map[uint64]bool{}
+	byUID := map[string]string{}
+	defer func() {
+		w.mu.Lock()
+		w.cgroups = byUID
+		w.mu.Unlock()
+	}()
 	for _, p := range w.selected(pods) {
 		if p.Cgroup == "" {
 			continue
@@ -57,12 +76,14 @@ func (w *podWatch) reconcile(ctx context.Context) {
 		}
 		want[id] = true
 		if _, ok := w.attached[id]; ok {
+			byUID[p.UID] = path
 			continue
 		}
 		if _, err := w.dp.Attach(path, id); err != nil {
 			w.log.Error("attaching pod", "pod", p.Key(), "cgroup", path, "err", err)
 			continue
 		}
+		byUID[p.UID] = path
 		w.attached[id] = p.Key()
 		w.log.Info("pod attached", "pod", p.Key(), "cgroup", path, "cgroup_id", id)
 	}

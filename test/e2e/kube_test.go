@@ -174,7 +174,7 @@ func TestDeploy(t *testing.T) {
 			checkMetricsExposure(t, "deploy/kubernetes/socklane.yaml", ds, false)
 		}
 	}
-	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"metricsWebConfigSecret": "socklane-web"}} {
+	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}} {
 		chart := renderChart(t, filepath.Join(root, "helm", "socklane"), "sl", "kube-system", set)
 		objs := dryRun(t, api.Client, chart)
 		var args []string
@@ -186,7 +186,8 @@ func TestDeploy(t *testing.T) {
 		}
 		joined := strings.Join(args, " ")
 		if strings.Contains(joined, "--kube-services") != (set["kubeServices"] != false) || strings.Contains(joined, "--pod-selector=app=web") != (set["podSelector"] != nil) ||
-			strings.Contains(joined, "--kube-pod-selector=app=web") != (set["kubePodSelector"] != nil) {
+			strings.Contains(joined, "--kube-pod-selector=app=web") != (set["kubePodSelector"] != nil) ||
+			strings.Contains(joined, "--kube-policies") != (set["kubePolicies"] == true) {
 			t.Errorf("chart with %v: agent args %v", set, args)
 		}
 	}

@@ -1,15 +1,19 @@
 package e2e
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/policy/netpoltest"
 	"github.com/socklane/socklane/internal/testbed"
@@ -136,5 +140,315 @@ func TestPolicyTruthTable(t *testing.T) {
 			t.Errorf("scenario %s: pol_denied_connect grew by %d, want %d (the denied probes)", sc.Name, d["pol_denied_connect"], denied)
 		}
 		t.Logf("scenario %s: %d probes, %d denied", sc.Name, len(sc.Probes()), denied)
+	}
+}
+
+// policyFile renders a scenario-style file: the nine pods and policies.
+func (pb *policyBed) file(t *testing.T, policies string) string {
+	t.Helper()
+	sc := netpoltest.Scenario{Name: t.Name(), Policies: policies}
+	src, err := sc.File(pb.addressing())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+func (pb *policyBed) pod(name string) *testbed.Pod {
+	ns, n, _ := strings.Cut(name, "/")
+	return pb.pods[netpoltest.Pod{NS: ns, Name: n}]
+}
+
+const denyIngressX = `
+  - metadata: {name: deny-ingress, namespace: x}
+    spec: {podSelector: {}}
+`
+
+// TestPolicyFirstPacket: clients this node does not manage (a pod of
+// "another node": a network namespace outside the attached cgroups, and
+// the node itself) are judged at the server's first packet. The remote
+// client's SYN and first datagram are dropped (a timeout, as any CNI
+// does), counted and reported with the policy; an ipBlock naming it lets
+// it in; the node's own address is always let in. Established traffic
+// into the pod is not judged again.
+func TestPolicyFirstPacket(t *testing.T) {
+	pb := newPolicyBed(t)
+	remote := testutil.Pod(t, pb.bed, "remote") // not attached: another node's pod
+	xa := pb.pod("x/a")
+	targets := []string{xa.IPv4.String() + ":80/tcp", xa.IPv4.String() + ":80/udpu"}
+
+	// An event reader, to see the denial reported with its policy.
+	evCmd, evOut, _ := background(t, pb.in, "reading events", "events", "-o", "json", "--type", "policy_denied")
+	_ = evCmd
+	pb.apply(t, pb.file(t, denyIngressX))
+	before := lbCountersOf(t, pb.in)
+	res := reach(t, pb.in, remote, time.Second, targets)
+	for _, r := range res {
+		if r.Result != "timeout" {
+			t.Errorf("remote %s under deny-ingress: %s %q, want a timeout (first packet dropped)", r.Target, r.Result, r.Label)
+		}
+	}
+	d := testutil.Delta(before, lbCountersOf(t, pb.in))
+	// TCP retransmits its SYN within the second: at least one each.
+	if d["pol_denied_packet"] < 2 || d["pol_first_packet"] < 2 {
+		t.Errorf("pol_denied_packet +%d, pol_first_packet +%d: want at least the SYN and the datagram", d["pol_denied_packet"], d["pol_first_packet"])
+	}
+	ev := readEvent(t, evOut)
+	if ev.Type != "policy_denied" || ev.PolicyName != "x/deny-ingress" || ev.Dir != "ingress" || ev.Src.Addr() != remote.IPv4 || ev.Dst.Addr() != xa.IPv4 || ev.DstIdentity < 256 || ev.SrcIdentity != 0 {
+		t.Errorf("denial event %+v: want policy x/deny-ingress, ingress, %s (world) -> %s (a pod identity)", ev, remote.IPv4, xa.IPv4)
+	}
+
+	// The node's own address is let in (the bed's gateway, from a
+	// process of the host that socklane does not manage).
+	host, err := exec.Command(pb.in.Bin, "peer", "reach", "--timeout", "2s", targets[0]).Output()
+	if err != nil || !strings.Contains(string(host), `"result":"ok"`) {
+		t.Errorf("the node to x/a under deny-ingress: %s %v, want ok", host, err)
+	}
+
+	// An ipBlock naming the remote client lets it in.
+	pb.apply(t, pb.file(t, `
+  - metadata: {name: from-remote, namespace: x}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{ipBlock: {cidr: "`+remote.IPv4.String()+`/32"}}]}]
+`))
+	for _, r := range reach(t, pb.in, remote, 2*time.Second, targets) {
+		if r.Result != "ok" || r.Label != "x/a" {
+			t.Errorf("remote %s allowed by ipBlock: %s %q", r.Target, r.Result, r.Label)
+		}
+	}
+	// A stream of established traffic is judged at its SYN only.
+	start(t, xa, pb.in.Bin, "peer", "sink", "0.0.0.0:90")
+	waitPort(t, xa, "0.0.0.0:90")
+	before = lbCountersOf(t, pb.in)
+	run(t, remote, time.Minute, pb.in.Bin, "peer", "stream", xa.IPv4.String()+":90", "--size", "16384", "--count", "256")
+	d = testutil.Delta(before, lbCountersOf(t, pb.in))
+	if d["pol_first_packet"] != 1 {
+		t.Errorf("pol_first_packet +%d for one 4 MiB TCP stream: want 1 (its SYN)", d["pol_first_packet"])
+	}
+}
+
+// readEvent reads one JSON event line within 10 s.
+func readEvent(t *testing.T, r io.Reader) datapath.Event {
+	t.Helper()
+	ch := make(chan datapath.Event, 1)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			var e datapath.Event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				ch <- e
+				return
+			}
+		}
+	}()
+	select {
+	case e := <-ch:
+		return e
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event in 10s")
+		return datapath.Event{}
+	}
+}
+
+// TestPolicyLiveConnections: a policy change reaches established
+// connections. A bypassed TCP connection and a connected UDP socket that
+// the new policy denies are destroyed (both ends on this node); those it
+// still allows stay open.
+func TestPolicyLiveConnections(t *testing.T) {
+	pb := newPolicyBed(t)
+	pb.apply(t, pb.file(t, ""))
+	xa, ya := pb.pod("x/a"), pb.pod("y/a")
+	doomed := startHold(t, pb.in, pb.pod("y/b"), 2, xa.IPv4.String()+":80")
+	doomedUDP := startHold(t, pb.in, pb.pod("y/b"), 2, "--mode", "udp", xa.IPv4.String()+":81")
+	kept := startHold(t, pb.in, pb.pod("x/b"), 2, ya.IPv4.String()+":80")
+	if n := pb.in.Sockets(); n < 8 {
+		t.Fatalf("%d sockets in the bypass map: want the held TCP connections bypassed (8 ends at least)", n)
+	}
+	out := pb.apply(t, pb.file(t, `
+  - metadata: {name: only-from-x, namespace: x}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{podSelector: {}}]}]
+`))
+	if !strings.Contains(out, "established connections destroyed") {
+		t.Fatalf("apply output: %s", out)
+	}
+	for name, h := range map[string]*holder{"bypassed TCP": doomed, "connected UDP": doomedUDP} {
+		if got := h.closed(t, 2, 0); len(got) != 2 {
+			t.Errorf("%s sockets y/b -> x/a closed: %v, want both (denied now)", name, got)
+		}
+	}
+	if got := kept.closed(t, 0, time.Second); len(got) != 0 {
+		t.Errorf("x/b -> y/a (still allowed) closed: %v", got)
+	}
+	// New connections follow the policy at once.
+	if r := reach(t, pb.in, pb.pod("y/b"), time.Second, []string{xa.IPv4.String() + ":80/tcp"}); r[0].Result != "EPERM" {
+		t.Errorf("a new y/b -> x/a connection: %s", r[0].Result)
+	}
+}
+
+// TestPolicyServiceEgress: egress to a Service is judged after the load
+// balancer's choice, against the backend actually chosen (as Kubernetes
+// has it): with backends in y and z and x/a allowed only to y, a connect
+// to the VIP succeeds exactly when y's backend is chosen.
+func TestPolicyServiceEgress(t *testing.T) {
+	pb := newPolicyBed(t)
+	ya, za := pb.pod("y/a"), pb.pod("z/a")
+	vip := fmt.Sprintf("198.19.%d.10", pb.bed.Index)
+	svc := fmt.Sprintf(`services:
+  - name: web
+    namespace: y
+    vips: [%s]
+    ports: [{port: 80, protocol: TCP, targetPort: 80}]
+    backends: [{ip: %s}, {ip: %s}]
+`, vip, ya.IPv4, za.IPv4)
+	f := filepath.Join(pb.dir, "services.yaml")
+	if err := os.WriteFile(f, []byte(svc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pb.in.MustRun("svc", "apply", "-f", f)
+	pb.apply(t, pb.file(t, `
+  - metadata: {name: to-y, namespace: x}
+    spec:
+      podSelector: {matchLabels: {pod: a}}
+      policyTypes: [Egress]
+      egress: [{to: [{namespaceSelector: {matchLabels: {ns: y}}}]}]
+`))
+	var targets []string
+	for range 40 {
+		targets = append(targets, vip+":80/tcp")
+	}
+	got := map[string]int{}
+	for _, r := range reach(t, pb.in, pb.pod("x/a"), 2*time.Second, targets) {
+		got[r.Result+" "+r.Label]++
+	}
+	if got["ok y/a"] == 0 || got["EPERM "] == 0 || got["ok y/a"]+got["EPERM "] != 40 {
+		t.Errorf("40 connects to the VIP from x/a (allowed to y only): %v; want y/a reached and z/a refused with EPERM, nothing else", got)
+	}
+	// Another pod of x is not isolated: both backends answer.
+	got = map[string]int{}
+	for _, r := range reach(t, pb.in, pb.pod("x/b"), 2*time.Second, targets) {
+		got[r.Result+" "+r.Label]++
+	}
+	if got["ok y/a"] == 0 || got["ok z/a"] == 0 {
+		t.Errorf("40 connects to the VIP from x/b: %v; want both backends", got)
+	}
+}
+
+// TestPolicyBadInput: a policy file with problems is refused whole, each
+// problem named by line and field, and the applied policies stay.
+func TestPolicyBadInput(t *testing.T) {
+	pb := newPolicyBed(t)
+	pb.apply(t, pb.file(t, denyIngressX))
+	good := pb.in.MustRun("policy", "list", "-o", "json")
+	for _, tc := range []struct {
+		name, policies string
+		want           []string
+	}{
+		{"unknown field", `
+  - metadata: {name: p, namespace: x}
+    spec: {podSelector: {}, ingres: []}
+`, []string{"field ingres not found"}},
+		{"bad CIDR and except", `
+  - metadata: {name: p, namespace: x}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{ipBlock: {cidr: 198.18.0.0/33, except: [10.0.0.0/8]}}]}]
+`, []string{"spec.ingress[0].from[0].ipBlock.cidr", "is not a CIDR"}},
+		{"except outside the CIDR", `
+  - metadata: {name: p, namespace: x}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{ipBlock: {cidr: 198.18.0.0/16, except: [198.19.0.0/24]}}]}]
+`, []string{"policies[0].spec.ingress[0].from[0].ipBlock.except[0]", "not strictly inside"}},
+		{"port range backwards", `
+  - metadata: {name: p, namespace: x}
+    spec:
+      podSelector: {}
+      ingress: [{ports: [{port: 81, endPort: 80}]}]
+`, []string{"policies[0].spec.ingress[0].ports[0].endPort", "want from port (81)"}},
+		{"port out of range and SCTP", `
+  - metadata: {name: p, namespace: x}
+    spec:
+      podSelector: {}
+      egress: [{ports: [{port: 70000}, {protocol: SCTP, port: 80}]}]
+`, []string{"ports[0].port: 70000", "ports[1].protocol: protocol SCTP is not enforced"}},
+		{"bad selector operator", `
+  - metadata: {name: p, namespace: x}
+    spec:
+      podSelector: {matchExpressions: [{key: pod, operator: Near, values: [a]}]}
+`, []string{"policies[0].spec.podSelector", "Near"}},
+	} {
+		f := filepath.Join(pb.dir, "bad.yaml")
+		if err := os.WriteFile(f, []byte(pb.file(t, tc.policies)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := pb.in.Run("policy", "apply", "-f", f)
+		if err == nil {
+			t.Errorf("%s: applied: %s", tc.name, out)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s: error %q does not say %q", tc.name, out, w)
+			}
+		}
+		if tc.name != "unknown field" && !strings.Contains(out, "line ") {
+			t.Errorf("%s: error %q names no line", tc.name, out)
+		}
+		if now := pb.in.MustRun("policy", "list", "-o", "json"); now != good {
+			t.Errorf("%s: the applied policies changed:\n%s\nwas:\n%s", tc.name, now, good)
+		}
+	}
+	// And the datapath still enforces the good set.
+	if r := reach(t, pb.in, pb.pod("y/a"), time.Second, []string{pb.pod("x/a").IPv4.String() + ":80/tcp"}); r[0].Result != "EPERM" {
+		t.Errorf("y/a -> x/a after refused applies: %s, want EPERM (deny-ingress still applies)", r[0].Result)
+	}
+}
+
+// TestPolicyCLI: `policy test` explains a verdict by its rule, `policy
+// list` counts verdicts per policy, `policy get` shows the object.
+func TestPolicyCLI(t *testing.T) {
+	pb := newPolicyBed(t)
+	pb.apply(t, pb.file(t, `
+  - metadata: {name: from-y, namespace: x}
+    spec:
+      podSelector: {matchLabels: {pod: a}}
+      ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}], ports: [{port: 80}]}]
+`))
+	for _, tc := range []struct{ from, to, want string }{
+		{"y/b", "x/a:80/TCP", "allowed: ingress rule 0 of x/from-y allows it"},
+		{"z/b", "x/a:80/TCP", "denied: x/a is isolated for ingress by x/from-y and no rule allows it"},
+		{"y/b", "x/a:81/TCP", "denied: x/a is isolated for ingress"},
+		{"z/b", "x/b:80/UDP", "allowed: no policy isolates either end"},
+		{pb.pod("y/c").IPv4.String(), "x/a:80/TCP", "allowed: ingress rule 0 of x/from-y"},
+	} {
+		out := pb.in.MustRun("policy", "test", "--from", tc.from, "--to", tc.to)
+		if !strings.Contains(out, tc.want) {
+			t.Errorf("policy test %s -> %s: %q, want %q", tc.from, tc.to, out, tc.want)
+		}
+	}
+	if out, err := pb.in.Run("policy", "test", "--from", "q/q", "--to", "x/a:80/TCP"); err == nil || !strings.Contains(out, "no applied pod") {
+		t.Errorf("policy test from an unknown pod: %v %s", err, out)
+	}
+	xa := pb.pod("x/a").IPv4.String()
+	reach(t, pb.in, pb.pod("y/b"), time.Second, []string{xa + ":80/tcp", xa + ":81/tcp"})
+	var list struct {
+		Policies []struct {
+			Name    string   `json:"name"`
+			Allowed uint64   `json:"allowed"`
+			Denied  uint64   `json:"denied"`
+			Selects []string `json:"selects"`
+		} `json:"policies"`
+	}
+	if err := json.Unmarshal([]byte(pb.in.MustRun("policy", "list", "-o", "json")), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Policies) != 1 || list.Policies[0].Allowed < 1 || list.Policies[0].Denied != 1 || len(list.Policies[0].Selects) != 1 {
+		t.Errorf("policy list: %+v; want from-y selecting x/a, at least 1 allowed and exactly 1 denied", list.Policies)
+	}
+	if out := pb.in.MustRun("policy", "get", "x/from-y"); !strings.Contains(out, "namespaceSelector") || !strings.Contains(out, "1 denied") {
+		t.Errorf("policy get: %s", out)
 	}
 }

@@ -1,0 +1,171 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/socklane/socklane/internal/policy"
+)
+
+// LocalCgroups maps the UIDs of this node's running pods to their cgroup
+// v2 directories (from the container runtime).
+type LocalCgroups func() map[string]string
+
+// BuildPolicies turns the cluster's NetworkPolicies, Namespaces and Pods
+// into the policy model; the pods of node get their cgroups from local.
+// Pods without an address yet, and finished ones, are left out. It
+// returns what it had to leave out, for the log.
+func BuildPolicies(nps []*networkingv1.NetworkPolicy, nss []*corev1.Namespace, pods []*corev1.Pod, node string, local map[string]string) (*policy.Set, []string) {
+	set := &policy.Set{}
+	var notes []string
+	for _, ns := range nss {
+		set.Namespaces = append(set.Namespaces, policy.Namespace{Name: ns.Name, Labels: ns.Labels})
+	}
+	for _, p := range pods {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || len(p.Status.PodIPs) == 0 {
+			continue
+		}
+		mp := &policy.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels}
+		for _, ip := range p.Status.PodIPs {
+			if a, err := netip.ParseAddr(ip.IP); err == nil {
+				mp.IPs = append(mp.IPs, a.Unmap())
+			}
+		}
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				if cp.Name == "" {
+					continue
+				}
+				proto, err := policy.ParseProtocol(string(cp.Protocol))
+				if err != nil {
+					continue // SCTP: not enforced
+				}
+				mp.Ports = append(mp.Ports, policy.NamedPort{Name: cp.Name, Port: uint16(cp.ContainerPort), Protocol: proto})
+			}
+		}
+		if p.Spec.NodeName == node {
+			mp.Cgroup = local[string(p.UID)]
+			if mp.Cgroup == "" {
+				notes = append(notes, fmt.Sprintf("pod %s/%s: not running in this node's runtime yet", p.Namespace, p.Name))
+			}
+		}
+		set.Pods = append(set.Pods, mp)
+	}
+	for _, np := range nps {
+		pol, errs := policy.FromK8s(np)
+		if len(errs) > 0 {
+			notes = append(notes, fmt.Sprintf("policy %s/%s not enforced: %v", np.Namespace, np.Name, errs))
+			continue
+		}
+		set.Policies = append(set.Policies, pol)
+	}
+	return set, notes
+}
+
+// WatchPolicies keeps apply fed with the cluster's network policies until
+// ctx ends: NetworkPolicies, Namespaces and Pods through informers, this
+// node's pods' cgroups through local (checked every second: a pod that
+// starts on this node is enforced once the runtime runs it). Changes that
+// arrive together are applied together.
+func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet time.Duration, local LocalCgroups, apply func(*policy.Set) error, log *slog.Logger) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating the Kubernetes client: %w", err)
+	}
+	f := informers.NewSharedInformerFactory(cs, 0)
+	npInf := f.Networking().V1().NetworkPolicies()
+	nsInf := f.Core().V1().Namespaces()
+	podInf := f.Core().V1().Pods()
+	kick := make(chan struct{}, 1)
+	changed := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { changed() },
+		UpdateFunc: func(any, any) { changed() },
+		DeleteFunc: func(any) { changed() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{npInf.Informer(), nsInf.Informer(), podInf.Informer()} {
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("watching: %w", err)
+		}
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("listing %v from the API server failed (RBAC: get, list and watch networkpolicies, namespaces and pods)", typ)
+		}
+	}
+	log.Info("kubernetes policy source synced")
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var lastLocal map[string]string
+	changed()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if !maps.Equal(local(), lastLocal) {
+				changed()
+			}
+			continue
+		case <-kick:
+		}
+		timer := time.NewTimer(quiet)
+	settle:
+		for {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil
+			case <-kick:
+				if !timer.Stop() {
+					<-timer.C
+				}
+				timer.Reset(quiet)
+			case <-timer.C:
+				break settle
+			}
+		}
+		nps, err := npInf.Lister().List(labels.Everything())
+		if err != nil {
+			return err
+		}
+		nss, err := nsInf.Lister().List(labels.Everything())
+		if err != nil {
+			return err
+		}
+		pods, err := podInf.Lister().List(labels.Everything())
+		if err != nil {
+			return err
+		}
+		lastLocal = local()
+		start := time.Now()
+		set, notes := BuildPolicies(nps, nss, pods, node, lastLocal)
+		for _, n := range notes {
+			log.Debug("kubernetes policy source", "note", n)
+		}
+		if err := apply(set); err != nil {
+			log.Error("applying kubernetes network policies", "err", err)
+			continue
+		}
+		log.Info("kubernetes network policies applied", "policies", len(set.Policies), "pods", len(set.Pods), "latency", time.Since(start))
+	}
+}
