@@ -35,7 +35,7 @@ const (
 )
 
 // Kinds lists every measurement.
-func Kinds() []string { return []string{Latency, Throughput, Echo, Connect, Services} }
+func Kinds() []string { return []string{Latency, Throughput, Echo, Connect, Services, Policies} }
 
 // Paths compared in every measurement.
 const (
@@ -92,6 +92,9 @@ type Options struct {
 	// programmed with (iptables-restore takes about 90 s for 10,000 here
 	// and grows faster than N); larger counts measure socklane alone.
 	IptablesMaxServices int
+	// PolicyCounts are the numbers of policies of the policies
+	// measurement.
+	PolicyCounts []int
 	// VerdictWindow is the datapath's verdict window (see datapath.Config).
 	VerdictWindow uint32
 	// IO is how socklane's own clients and servers drive their sockets.
@@ -138,6 +141,9 @@ type Case struct {
 
 // Paths the case is measured over: external tools have no AF_UNIX mode.
 func (c *Case) Paths() []string {
+	if c.Kind == Policies {
+		return []string{PathNoPolicy, PathPolicies}
+	}
 	if c.Kind == Services {
 		if c.NoBaseline {
 			return []string{PathSockLB, PathDirect}
@@ -199,6 +205,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if slices.Contains(o.Kinds, Services) {
 		if err := checkServices(o); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(o.Kinds, Policies) {
+		if err := checkPolicies(o); err != nil {
 			return nil, err
 		}
 	}

@@ -82,6 +82,7 @@ func (r *Report) Markdown(w io.Writer) {
 	}
 	r.toolMarkdown(w)
 	r.servicesMarkdown(w)
+	r.policiesMarkdown(w)
 	r.fallbackMarkdown(w)
 	if len(r.Programs) > 0 {
 		fmt.Fprintln(w, "\n### BPF program cost (kernel run-time statistics over the whole run)")
@@ -94,6 +95,25 @@ func (r *Report) Markdown(w io.Writer) {
 }
 
 func programMs(s Sample) float64 { return s.ProgramMs }
+
+// policiesMarkdown sets the cost of N network policies beside none.
+func (r *Report) policiesMarkdown(w io.Writer) {
+	for _, pl := range r.placements() {
+		rows := r.rows("", Policies, PodToPod, pl)
+		if len(rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n### Network policy: N policies on the node against none, pod-to-pod, %s\n\n", pl)
+		fmt.Fprintln(w, "Short connections (connect + 64 B request + close; every policy selects the server, the client's egress is isolated too: each connection is judged at connect and at the server's SYN) and a 16 KiB-write stream (judged at its SYN only); compile and program time of the N.")
+		fmt.Fprintln(w, "\n| policies | no policy us | policies us | connect cost policies / none | no policy MB/s | policies MB/s | stream policies / none | compile + program ms |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, c := range rows {
+			n, p := c.Median(PathNoPolicy, mean), c.Median(PathPolicies, mean)
+			tn, tp := c.Median(PathNoPolicy, mbps), c.Median(PathPolicies, mbps)
+			fmt.Fprintf(w, "| %d | %.1f | %.1f | %s | %.0f | %.0f | %s | %.1f |\n", c.Size, n, p, ratio(p, n), tn, tp, ratio(tp, tn), c.Median(PathPolicies, programMs))
+		}
+	}
+}
 
 // fallbackMarkdown lists the bypass runs in which a connection left the
 // bypass because its receiver fell behind: the rest of those runs went

@@ -121,6 +121,12 @@ func (r *runner) cases() []*Case {
 			add(k, 1024)
 		case Connect:
 			add(k, 64)
+		case Policies:
+			for _, n := range r.o.PolicyCounts {
+				for _, p := range r.o.Placements {
+					cs = append(cs, &Case{Kind: k, Size: n, Placement: p.Name, Scenario: PodToPod, Samples: map[string][]Sample{}})
+				}
+			}
 		case Services:
 			for _, n := range r.o.ServiceCounts {
 				for _, p := range r.o.Placements {
@@ -186,13 +192,16 @@ func (r *runner) clientCPU(c *Case) int {
 // measure runs one case over one path and checks, from the datapath's
 // counters, that the bytes took that path.
 func (r *runner) measure(c *Case, path string) (Sample, error) {
-	if c.Kind == Connect || c.Kind == Services {
+	if c.Kind == Connect || c.Kind == Services || c.Kind == Policies {
 		if err := r.clearTimeWait(r.clientPod(c)); err != nil {
 			return Sample{}, err
 		}
 	}
 	if c.Kind == Services {
 		return r.measureServices(c, path)
+	}
+	if c.Kind == Policies {
+		return r.measurePolicies(c, path)
 	}
 	if path == PathBypass {
 		for _, p := range []*testbed.Pod{r.client, r.server, r.host} {
@@ -309,6 +318,9 @@ func progress(w io.Writer, done, total int, c *Case, path string) {
 	}
 	if c.Kind == Services {
 		unit = "svc"
+	}
+	if c.Kind == Policies {
+		unit = "pol"
 	}
 	fmt.Fprintf(w, "\r[%s] %3d%% %-19s %6d %-3s %-11s %-9s %-11s", bar, done*100/total, kind, c.Size, unit, c.Scenario, c.Placement, path)
 }

@@ -18,14 +18,16 @@ type LBCounter = servicelbSlLbCounter
 
 // The counters other packages read by name, as the generated identifiers.
 const (
-	CounterConnsBypassed   = bypassSlCounterSL_C_CONNS_BYPASSED
-	CounterConnsTCP        = bypassSlCounterSL_C_CONNS_TCP
-	CounterRedirectMsgs    = bypassSlCounterSL_C_REDIRECT_MSGS
-	CounterRedirectBytes   = bypassSlCounterSL_C_REDIRECT_BYTES
-	CounterPassMsgs        = bypassSlCounterSL_C_PASS_MSGS
-	CounterPassBytes       = bypassSlCounterSL_C_PASS_BYTES
-	CounterFallbackBacklog = bypassSlCounterSL_C_FALLBACK_BACKLOG
-	LBCounterSelected      = servicelbSlLbCounterSL_LB_SELECTED
+	CounterConnsBypassed    = bypassSlCounterSL_C_CONNS_BYPASSED
+	CounterConnsTCP         = bypassSlCounterSL_C_CONNS_TCP
+	CounterRedirectMsgs     = bypassSlCounterSL_C_REDIRECT_MSGS
+	CounterRedirectBytes    = bypassSlCounterSL_C_REDIRECT_BYTES
+	CounterPassMsgs         = bypassSlCounterSL_C_PASS_MSGS
+	CounterPassBytes        = bypassSlCounterSL_C_PASS_BYTES
+	CounterFallbackBacklog  = bypassSlCounterSL_C_FALLBACK_BACKLOG
+	LBCounterSelected       = servicelbSlLbCounterSL_LB_SELECTED
+	LBCounterPolFirstPacket = servicelbSlLbCounterSL_LB_POL_FIRST_PACKET
+	LBCounterPolDenied      = servicelbSlLbCounterSL_LB_POL_DENIED_CONNECT
 )
 
 // Counts are per-CPU counters summed over the CPUs, indexed by their C

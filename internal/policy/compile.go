@@ -86,17 +86,22 @@ type compiler struct {
 	set      *Set
 	nsLabels map[string]labels.Set
 	blocks   []*Block
+	blockIdx map[string]int // Block.String() -> index in blocks
 	classes  []*class
 	byKey    map[string]*class
 	ids      map[string]uint32
 	out      *Tables
+	// Indexes for the rules: pod classes by namespace, and the classes
+	// in each block.
+	byNS    map[string][]*class
+	inBlock [][]*class
 }
 
 // Compile turns the set into tables. prev, if not nil, are the ids a
 // previous compile gave; a policy keeps its id.
 func Compile(s *Set, prev map[string]uint32) (*Tables, error) {
 	s.sort()
-	c := &compiler{set: s, nsLabels: s.namespaceLabels(), byKey: map[string]*class{},
+	c := &compiler{set: s, nsLabels: s.namespaceLabels(), byKey: map[string]*class{}, blockIdx: map[string]int{},
 		out: &Tables{IDs: map[string]uint32{}, Identities: map[uint32]string{IdentityWorld: "world", IdentityHost: "host"}}}
 	if err := c.number(prev); err != nil {
 		return nil, err
@@ -105,7 +110,11 @@ func Compile(s *Set, prev map[string]uint32) (*Tables, error) {
 		for d := range 2 {
 			for _, r := range pol.Rules[d] {
 				for _, p := range r.Peers {
-					if p.Block != nil && !slices.ContainsFunc(c.blocks, func(b *Block) bool { return b.String() == p.Block.String() }) {
+					if p.Block == nil {
+						continue
+					}
+					if _, ok := c.blockIdx[p.Block.String()]; !ok {
+						c.blockIdx[p.Block.String()] = len(c.blocks)
 						c.blocks = append(c.blocks, p.Block)
 					}
 				}
@@ -167,6 +176,7 @@ func Compile(s *Set, prev map[string]uint32) (*Tables, error) {
 			}
 		}
 	}
+	c.index()
 	for _, p := range eps {
 		e := entries[p]
 		c.out.Cgroups = append(c.out.Cgroups, CgroupEntry{ID: p.CgroupID, Entry: *e})
@@ -270,13 +280,55 @@ func (c *compiler) classOf(identity uint32, pod *Pod, in []bool) *class {
 	return cl
 }
 
-// peerMatches reports whether peer names the addresses of class cl.
-func (c *compiler) peerMatches(ns string, peer *Peer, cl *class) bool {
-	if peer.Block != nil {
-		i := slices.IndexFunc(c.blocks, func(b *Block) bool { return b.String() == peer.Block.String() })
-		return i >= 0 && cl.blocks[i]
+// index groups the classes by namespace (pod classes) and by block.
+func (c *compiler) index() {
+	c.byNS = map[string][]*class{}
+	c.inBlock = make([][]*class, len(c.blocks))
+	for _, cl := range c.classes {
+		if cl.pod != nil {
+			c.byNS[cl.pod.Namespace] = append(c.byNS[cl.pod.Namespace], cl)
+		}
+		for i, in := range cl.blocks {
+			if in {
+				c.inBlock[i] = append(c.inBlock[i], cl)
+			}
+		}
 	}
-	return cl.pod != nil && peer.matches(ns, cl.pod, netip.Addr{}, c.nsLabels)
+}
+
+// peerClasses adds to seen the classes peer names for a policy of
+// namespace ns, in class order of first sight (out).
+func (c *compiler) peerClasses(ns string, peer *Peer, seen map[*class]bool, out []*class) []*class {
+	add := func(cl *class) {
+		if !seen[cl] {
+			seen[cl] = true
+			out = append(out, cl)
+		}
+	}
+	if peer.Block != nil {
+		for _, cl := range c.inBlock[c.blockIdx[peer.Block.String()]] {
+			add(cl)
+		}
+		return out
+	}
+	namespaces := []string{ns}
+	if peer.Namespaces != nil {
+		namespaces = namespaces[:0]
+		for name, l := range c.nsLabels {
+			if peer.Namespaces.Matches(l) {
+				namespaces = append(namespaces, name)
+			}
+		}
+		slices.Sort(namespaces)
+	}
+	for _, name := range namespaces {
+		for _, cl := range c.byNS[name] {
+			if peer.Pods == nil || peer.Pods.Matches(labels.Set(cl.pod.Labels)) {
+				add(cl)
+			}
+		}
+	}
+	return out
 }
 
 // rules emits the allow entries of endpoint ep (pod p) in direction d.
@@ -290,13 +342,9 @@ func (c *compiler) rules(p *Pod, ep uint32, d Direction) {
 			var peers []*class // nil: every peer
 			if len(r.Peers) > 0 {
 				peers = []*class{}
-				for _, cl := range c.classes {
-					for i := range r.Peers {
-						if c.peerMatches(pol.Namespace, &r.Peers[i], cl) {
-							peers = append(peers, cl)
-							break
-						}
-					}
+				seen := map[*class]bool{}
+				for i := range r.Peers {
+					peers = c.peerClasses(pol.Namespace, &r.Peers[i], seen, peers)
 				}
 			}
 			emit := func(cl *class, proto Protocol, lo, hi uint16) {

@@ -46,21 +46,22 @@ func TestBench(t *testing.T) {
 	}
 	cmd := exec.CommandContext(ctx, bin, "bench", "--reps", "2", "--sizes", "1,4096", "--count", "200",
 		"--duration", "50ms", "--echo-count", "200", "--connects", "20", "--json", jsonPath, "--svg", svgPath,
-		"--tools", strings.Join(tools, ","), "--tool-sizes", "64", "--tool-duration", "1s", "--service-counts", "10,300", "--iptables-max-services", "100")
+		"--tools", strings.Join(tools, ","), "--tool-sizes", "64", "--tool-duration", "1s", "--service-counts", "10,300", "--iptables-max-services", "100", "--policy-counts", "20,300")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("socklane bench: %v\n%s", err, out)
 	}
 	if !strings.Contains(string(out), "| bypass / TCP |") || !strings.Contains(string(out), "| bypass / TCP p50 |") || !strings.Contains(string(out), "iptables-restore ms") ||
-		!strings.Contains(string(out), "| 300 | not run |") || !strings.Contains(string(out), "ceiling: iptables / direct") {
+		!strings.Contains(string(out), "| 300 | not run |") || !strings.Contains(string(out), "ceiling: iptables / direct") ||
+		!strings.Contains(string(out), "connect cost policies / none") {
 		t.Errorf("no Markdown table in the output:\n%s", out)
 	}
 	rep := readReport(t, jsonPath)
 	// socklane's client: 2 sizes x (latency + throughput) + echo + connect,
 	// in 3 scenarios, on 2 placements. Tools, pod to pod at one size on 2
 	// placements: qperf and sockperf latency + throughput, iperf3 throughput.
-	// Services: 2 counts on 2 placements.
-	if want := (2*2+2)*3*2 + (2+2+1)*2 + 2*2; len(rep.Cases) != want {
+	// Services and policies: 2 counts each on 2 placements.
+	if want := (2*2+2)*3*2 + (2+2+1)*2 + 2*2 + 2*2; len(rep.Cases) != want {
 		t.Fatalf("%d cases, want %d", len(rep.Cases), want)
 	}
 	seen := map[string]bool{}
@@ -84,6 +85,9 @@ func TestBench(t *testing.T) {
 				if (path == bench.PathBypass) != (s.Redirected > 0) {
 					t.Errorf("%s%s %d %s %s %s: %d messages redirected", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, s.Redirected)
 				}
+				if c.Kind == bench.Policies && ((s.ProgramMs > 0) != (path == bench.PathPolicies) || s.MBps == 0 || s.Mean == 0) {
+					t.Errorf("policies %d %s %s: programming time %.3f ms, stream %.0f MB/s, connect %.1f us", c.Size, c.Placement, path, s.ProgramMs, s.MBps, s.Mean)
+				}
 				if c.Kind == bench.Services && (s.ProgramMs > 0) != (path != bench.PathDirect) {
 					t.Errorf("services %d %s %s: programming time %.3f ms", c.Size, c.Placement, path, s.ProgramMs)
 				}
@@ -93,7 +97,7 @@ func TestBench(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range append(append(bench.Scenarios(), tools...), bench.Services) {
+	for _, want := range append(append(bench.Scenarios(), tools...), bench.Services, bench.Policies) {
 		if !seen[want] {
 			t.Errorf("nothing ran for %s", want)
 		}

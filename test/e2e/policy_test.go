@@ -91,6 +91,11 @@ func TestPolicyTruthTable(t *testing.T) {
 	pb := newPolicyBed(t)
 	a := pb.addressing()
 	for i, sc := range netpoltest.Scenarios() {
+		// Emulated kernels (the kernel matrix runs -test.short) try every
+		// third scenario: each mechanism still, at a third of the time.
+		if testing.Short() && i%3 != 0 && sc.Name != "ipblock-except" && sc.Name != "egress-named-port" {
+			continue
+		}
 		udp := "udpu"
 		if i%2 == 1 {
 			udp = "udp"
