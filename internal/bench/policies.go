@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"time"
 
 	"github.com/socklane/socklane/internal/datapath"
@@ -136,16 +135,9 @@ func (r *runner) measurePolicies(c *Case, path string) (Sample, error) {
 	if err != nil {
 		return s, err
 	}
-	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "connects", netip.AddrPortFrom(r.server.IPv4, echo).String(),
-		"--size", "64", "--count", strconv.Itoa(r.o.Connects), "--io", string(r.o.IO))
-	if err != nil {
+	if err := r.connects(c, netip.AddrPortFrom(r.server.IPv4, echo).String(), &s); err != nil {
 		return s, err
 	}
-	var l peer.Latency
-	if err := json.Unmarshal(out, &l); err != nil {
-		return s, fmt.Errorf("parsing %q: %w", out, err)
-	}
-	s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
 	mid, err := r.dp.ServiceStats()
 	if err != nil {
 		return s, err
@@ -158,7 +150,7 @@ func (r *runner) measurePolicies(c *Case, path string) (Sample, error) {
 		return s, fmt.Errorf("%d SYNs judged with no policy", judged)
 	}
 	// Established traffic: a stream, judged at its SYN only.
-	out, err = r.run(r.client, r.clientCPU(c), r.self, "peer", "stream", netip.AddrPortFrom(r.server.IPv4, sink).String(),
+	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "stream", netip.AddrPortFrom(r.server.IPv4, sink).String(),
 		"--size", "16384", "--count", "0", "--duration", r.o.Duration.String(), "--io", string(r.o.IO))
 	if err != nil {
 		return s, err

@@ -225,15 +225,9 @@ func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 	if err != nil {
 		return s, err
 	}
-	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "connects", target.String(), "--size", "64", "--count", strconv.Itoa(r.o.Connects), "--io", string(r.o.IO))
-	if err != nil {
+	if err := r.connects(c, target.String(), &s); err != nil {
 		return s, err
 	}
-	var l peer.Latency
-	if err := json.Unmarshal(out, &l); err != nil {
-		return s, fmt.Errorf("parsing %q: %w", out, err)
-	}
-	s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
 	lbAfter, err := r.dp.ServiceStats()
 	if err != nil {
 		return s, err
@@ -253,4 +247,19 @@ func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 		return s, fmt.Errorf("socklane chose backends %d times with its load balancer detached", selected)
 	}
 	return s, nil
+}
+
+// connects runs r.o.Connects short connections (connect, 64 B request and
+// answer, close) from the client to target and records their latency.
+func (r *runner) connects(c *Case, target string, s *Sample) error {
+	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "connects", target, "--size", "64", "--count", strconv.Itoa(r.o.Connects), "--io", string(r.o.IO))
+	if err != nil {
+		return err
+	}
+	var l peer.Latency
+	if err := json.Unmarshal(out, &l); err != nil {
+		return fmt.Errorf("parsing %q: %w", out, err)
+	}
+	s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
+	return nil
 }

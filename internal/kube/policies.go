@@ -14,7 +14,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/socklane/socklane/internal/policy"
 )
@@ -95,22 +94,9 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 		default:
 		}
 	}
-	h := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { changed() },
-		UpdateFunc: func(any, any) { changed() },
-		DeleteFunc: func(any) { changed() },
-	}
-	for _, inf := range []cache.SharedIndexInformer{npInf.Informer(), nsInf.Informer(), podInf.Informer()} {
-		if _, err := inf.AddEventHandler(h); err != nil {
-			return fmt.Errorf("watching: %w", err)
-		}
-	}
-	f.Start(ctx.Done())
 	defer f.Shutdown()
-	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("listing %v from the API server failed (RBAC: get, list and watch networkpolicies, namespaces and pods)", typ)
-		}
+	if err := startInformers(ctx, f, changed, "networkpolicies, namespaces and pods", npInf.Informer(), nsInf.Informer(), podInf.Informer()); err != nil {
+		return err
 	}
 	log.Info("kubernetes policy source synced")
 	tick := time.NewTicker(time.Second)
@@ -128,21 +114,8 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 			continue
 		case <-kick:
 		}
-		timer := time.NewTimer(quiet)
-	settle:
-		for {
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return nil
-			case <-kick:
-				if !timer.Stop() {
-					<-timer.C
-				}
-				timer.Reset(quiet)
-			case <-timer.C:
-				break settle
-			}
+		if !settle(ctx, kick, quiet) {
+			return nil
 		}
 		nps, err := npInf.Lister().List(labels.Everything())
 		if err != nil {

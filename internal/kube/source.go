@@ -11,7 +11,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/socklane/socklane/internal/service"
@@ -65,22 +64,9 @@ func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, budget se
 		default:
 		}
 	}
-	h := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { changed() },
-		UpdateFunc: func(any, any) { changed() },
-		DeleteFunc: func(any) { changed() },
-	}
-	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), esInf.Informer()} {
-		if _, err := inf.AddEventHandler(h); err != nil {
-			return fmt.Errorf("watching: %w", err)
-		}
-	}
-	f.Start(ctx.Done())
 	defer f.Shutdown()
-	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("listing %v from the API server failed (RBAC: get, list and watch services and endpointslices)", typ)
-		}
+	if err := startInformers(ctx, f, changed, "services and endpointslices", svcInf.Informer(), esInf.Informer()); err != nil {
+		return err
 	}
 	log.Info("kubernetes source synced")
 	changed()
@@ -91,21 +77,8 @@ func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, budget se
 		case <-kick:
 		}
 		// Let a burst of events settle into one apply.
-		timer := time.NewTimer(quiet)
-	settle:
-		for {
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return nil
-			case <-kick:
-				if !timer.Stop() {
-					<-timer.C
-				}
-				timer.Reset(quiet)
-			case <-timer.C:
-				break settle
-			}
+		if !settle(ctx, kick, quiet) {
+			return nil
 		}
 		mu.Lock()
 		since := first

@@ -1,10 +1,7 @@
 package policy
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"regexp"
@@ -144,29 +141,17 @@ func (p *portValue) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// MaxFileSize bounds a policy file.
-const MaxFileSize = 64 << 20
-
 // Parse reads and validates a YAML policy source. Every problem is
 // reported with its line and field; a source with any problem yields no
 // Set. Pods' cgroups are not resolved here (node.ApplyPolicies does).
 func Parse(src []byte) (*Set, error) {
-	if len(src) > MaxFileSize {
-		return nil, fmt.Errorf("policy file is %d bytes, at most %d", len(src), MaxFileSize)
+	idx, err := yamlsrc.Read(src, "policy")
+	if err != nil {
+		return nil, err
 	}
-	var root yaml.Node
-	if err := yaml.Unmarshal(src, &root); err != nil {
-		return nil, fmt.Errorf("parsing YAML: %w", err)
-	}
-	idx := yamlsrc.NewIndex(&root)
-	dec := yaml.NewDecoder(bytes.NewReader(src))
-	dec.KnownFields(true)
 	var f File
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("reading policies: %w", err)
-	}
-	if err := dec.Decode(new(File)); !errors.Is(err, io.EOF) {
-		return nil, errors.New("the policy file holds more than one YAML document")
+	if err := yamlsrc.DecodeStrict(src, "policy", &f); err != nil {
+		return nil, err
 	}
 	set, errs := f.set()
 	for _, e := range errs {

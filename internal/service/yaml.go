@@ -1,11 +1,8 @@
 package service
 
 import (
-	"bytes"
 	"cmp"
-	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"regexp"
@@ -32,20 +29,13 @@ type File struct {
 	Services []*Service `yaml:"services"`
 }
 
-// MaxFileSize bounds a service file.
-const MaxFileSize = 64 << 20
-
 // Parse reads and validates a YAML service source. Every problem is
 // reported with its line and field; a source with any problem yields no Set.
 func Parse(src []byte) (*Set, error) {
-	if len(src) > MaxFileSize {
-		return nil, fmt.Errorf("service file is %d bytes, at most %d", len(src), MaxFileSize)
+	idx, err := yamlsrc.Read(src, "service")
+	if err != nil {
+		return nil, err
 	}
-	var root yaml.Node
-	if err := yaml.Unmarshal(src, &root); err != nil {
-		return nil, fmt.Errorf("parsing YAML: %w", err)
-	}
-	idx := yamlsrc.NewIndex(&root)
 	// Addresses first: their parse errors would otherwise lack a line.
 	var addrErrs Errors
 	for path, n := range idx {
@@ -59,14 +49,9 @@ func Parse(src []byte) (*Set, error) {
 		slices.SortFunc(addrErrs, func(a, b *FieldError) int { return cmp.Compare(a.Line, b.Line) })
 		return nil, addrErrs
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(src))
-	dec.KnownFields(true)
 	var f File
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("reading services: %w", err)
-	}
-	if err := dec.Decode(new(File)); !errors.Is(err, io.EOF) {
-		return nil, errors.New("the service file holds more than one YAML document")
+	if err := yamlsrc.DecodeStrict(src, "service", &f); err != nil {
+		return nil, err
 	}
 	return normalise(f.Services, idx.Line)
 }

@@ -3,7 +3,10 @@
 package yamlsrc
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
@@ -92,4 +95,35 @@ func (idx Index) Line(field string) int {
 		field = field[:i]
 	}
 	return 0
+}
+
+// MaxSize bounds a source file.
+const MaxSize = 64 << 20
+
+// Read parses a source of the named kind ("service", "policy") and
+// indexes its fields.
+func Read(src []byte, what string) (Index, error) {
+	if len(src) > MaxSize {
+		return nil, fmt.Errorf("%s file is %d bytes, at most %d", what, len(src), MaxSize)
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(src, &root); err != nil {
+		return nil, fmt.Errorf("parsing YAML: %w", err)
+	}
+	return NewIndex(&root), nil
+}
+
+// DecodeStrict decodes the source's one document into out, refusing
+// fields out does not have (with their line).
+func DecodeStrict(src []byte, what string, out any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	dec.KnownFields(true)
+	if err := dec.Decode(out); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("reading %s file: %w", what, err)
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("the %s file holds more than one YAML document", what)
+	}
+	return nil
 }
