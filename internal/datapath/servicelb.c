@@ -721,5 +721,5 @@ int sl_pol_ingress(struct __sk_buff *skb)
 		}
 	}
 	bpf_map_update_elem(&sl_pol_flows, &fk, &nf, BPF_ANY);
-	return nf.allow;
+	return nf.allow ? 1 : 0;
 }
