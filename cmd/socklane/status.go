@@ -11,6 +11,7 @@ import (
 
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/spf13/cobra"
 )
 
@@ -41,6 +42,18 @@ type statusReport struct {
 	// the owners that were refused entries beyond it.
 	Quotas    datapath.Quotas  `json:"owner_quotas"`
 	OverQuota []datapath.Owner `json:"owners_over_quota"`
+	// Network policy: whether any is enforced, how many, the applies so
+	// far, and the verdicts over all policies.
+	Policy policyStatus `json:"policy"`
+}
+
+type policyStatus struct {
+	Enforced bool   `json:"enforced"`
+	Policies int    `json:"policies"`
+	Pods     int    `json:"local_pods"`
+	Applies  uint64 `json:"applies"`
+	Allowed  uint64 `json:"allowed"`
+	Denied   uint64 `json:"denied"`
 }
 
 func newStatusCmd(g *globals) *cobra.Command {
@@ -102,6 +115,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 					rep.OverQuota = append(rep.OverQuota, o)
 				}
 			}
+			if rep.Policy, err = readPolicyStatus(dp, g.name); err != nil {
+				return err
+			}
 			if g.json() {
 				return writeJSON(cmd.OutOrStdout(), rep)
 			}
@@ -149,6 +165,8 @@ func newStatusCmd(g *globals) *cobra.Command {
 				slices.Sort(bes)
 				fmt.Fprintf(w, "service %s\tselected %s\trefused %d\n", v.Key(), strings.Join(bes, " "), v.Refused)
 			}
+			fmt.Fprintf(w, "network policy\tenforced %v\t%d policies\t%d local pods\t%d applies\tallowed %d\tdenied %d\n",
+				rep.Policy.Enforced, rep.Policy.Policies, rep.Policy.Pods, rep.Policy.Applies, rep.Policy.Allowed, rep.Policy.Denied)
 			for _, o := range rep.OverQuota {
 				fmt.Fprintf(w, "over quota	%s	cgroup id %d	refused conns %d (holds %d of %d)	listeners %d (%d of %d)	lb conns %d (%d of %d)\n",
 					o.Path, o.Cgroup, o.RefusedConns, o.Conns, rep.Quotas.Conns, o.RefusedListeners, o.Listeners, rep.Quotas.Listeners,
@@ -182,4 +200,33 @@ func cgroupNames(root string) map[uint64]string {
 	}
 	walk(root, 0)
 	return out
+}
+
+// readPolicyStatus sums what the datapath holds of network policy.
+func readPolicyStatus(dp *datapath.Datapath, name string) (policyStatus, error) {
+	var ps policyStatus
+	_, on, gen, err := dp.PolicyLive()
+	if err != nil {
+		return ps, err
+	}
+	ps.Enforced, ps.Applies = on, gen
+	counts, err := dp.PolicyCounts()
+	if err != nil {
+		return ps, err
+	}
+	for _, c := range counts {
+		ps.Allowed += c.Allowed
+		ps.Denied += c.Denied
+	}
+	set, _, err := node.AppliedPolicies(name)
+	if err != nil || set == nil {
+		return ps, err
+	}
+	ps.Policies = len(set.Policies)
+	for _, p := range set.Pods {
+		if p.Local() {
+			ps.Pods++
+		}
+	}
+	return ps, nil
 }

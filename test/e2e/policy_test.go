@@ -107,48 +107,57 @@ func TestPolicyTruthTable(t *testing.T) {
 			t.Fatal(err)
 		}
 		pb.apply(t, src)
-		before := lbCountersOf(t, pb.in)
-		byFrom := map[netpoltest.Pod][]netpoltest.Probe{}
-		for _, pr := range sc.Probes() {
-			byFrom[pr.From] = append(byFrom[pr.From], pr)
-		}
-		var wrong []string
-		denied := 0
-		for from, probes := range byFrom {
-			var targets []string
-			for _, pr := range probes {
-				mode := pr.Proto
-				if mode == "udp" {
-					mode = udp
-				}
-				targets = append(targets, fmt.Sprintf("%s:%d/%s", a.IPs[pr.To], pr.Port.Port, mode))
-			}
-			res := reach(t, pb.in, pb.pods[from], 2*time.Second, targets)
-			for j, pr := range probes {
-				want := sc.Allow(pr)
-				r := res[j]
-				switch {
-				case want && (r.Result != "ok" || r.Label != pr.To.String()):
-					wrong = append(wrong, fmt.Sprintf("%s -> %s %s: want allowed, got %s %q", pr.From, pr.To, pr.Port, r.Result, r.Label))
-				case !want && r.Result != "EPERM":
-					wrong = append(wrong, fmt.Sprintf("%s -> %s %s: want EPERM, got %s %q", pr.From, pr.To, pr.Port, r.Result, r.Label))
-				}
-				if !want {
-					denied++
-				}
-			}
-		}
-		d := testutil.Delta(before, lbCountersOf(t, pb.in))
-		if len(wrong) > 0 {
-			t.Errorf("scenario %s (udp %s): %d of %d probes wrong:\n%s", sc.Name, udp, len(wrong), len(sc.Probes()), strings.Join(wrong, "\n"))
-			continue
-		}
-		if d["pol_denied_connect"] != uint64(denied) {
-			t.Errorf("scenario %s: pol_denied_connect grew by %d, want %d (the denied probes)", sc.Name, d["pol_denied_connect"], denied)
-		}
-		t.Logf("scenario %s: %d probes, %d denied", sc.Name, len(sc.Probes()), denied)
+		pb.check(t, &sc, udp)
 	}
 }
+
+// check tries every probe of the scenario (UDP over udp: "udp" connected
+// or "udpu" unconnected) against the applied policies.
+func (pb *policyBed) check(t *testing.T, sc *netpoltest.Scenario, udp string) {
+	t.Helper()
+	a := pb.addressing()
+	before := lbCountersOf(t, pb.in)
+	byFrom := map[netpoltest.Pod][]netpoltest.Probe{}
+	for _, pr := range sc.Probes() {
+		byFrom[pr.From] = append(byFrom[pr.From], pr)
+	}
+	var wrong []string
+	denied := 0
+	for from, probes := range byFrom {
+		var targets []string
+		for _, pr := range probes {
+			mode := pr.Proto
+			if mode == "udp" {
+				mode = udp
+			}
+			targets = append(targets, fmt.Sprintf("%s:%d/%s", a.IPs[pr.To], pr.Port.Port, mode))
+		}
+		res := reach(t, pb.in, pb.pods[from], 2*time.Second, targets)
+		for j, pr := range probes {
+			want := sc.Allow(pr)
+			r := res[j]
+			switch {
+			case want && (r.Result != "ok" || r.Label != pr.To.String()):
+				wrong = append(wrong, fmt.Sprintf("%s -> %s %s: want allowed, got %s %q", pr.From, pr.To, pr.Port, r.Result, r.Label))
+			case !want && r.Result != "EPERM":
+				wrong = append(wrong, fmt.Sprintf("%s -> %s %s: want EPERM, got %s %q", pr.From, pr.To, pr.Port, r.Result, r.Label))
+			}
+			if !want {
+				denied++
+			}
+		}
+	}
+	d := testutil.Delta(before, lbCountersOf(t, pb.in))
+	if len(wrong) > 0 {
+		t.Errorf("scenario %s (udp %s): %d of %d probes wrong:\n%s", sc.Name, udp, len(wrong), len(sc.Probes()), strings.Join(wrong, "\n"))
+		return
+	}
+	if d["pol_denied_connect"] != uint64(denied) {
+		t.Errorf("scenario %s: pol_denied_connect grew by %d, want %d (the denied probes)", sc.Name, d["pol_denied_connect"], denied)
+	}
+	t.Logf("scenario %s: %d probes, %d denied", sc.Name, len(sc.Probes()), denied)
+}
+
 
 // policyFile renders a scenario-style file: the nine pods and policies.
 func (pb *policyBed) file(t *testing.T, policies string) string {
