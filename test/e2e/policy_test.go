@@ -158,7 +158,6 @@ func (pb *policyBed) check(t *testing.T, sc *netpoltest.Scenario, udp string) {
 	t.Logf("scenario %s: %d probes, %d denied", sc.Name, len(sc.Probes()), denied)
 }
 
-
 // policyFile renders a scenario-style file: the nine pods and policies.
 func (pb *policyBed) file(t *testing.T, policies string) string {
 	t.Helper()
