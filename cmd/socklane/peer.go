@@ -230,12 +230,20 @@ func newPeerCmd() *cobra.Command {
 		},
 	}
 	var reachTimeout time.Duration
+	var reachBind string
 	reach := &cobra.Command{
 		Use:   "reach TARGET/PROTO...",
 		Short: "Probe whoami servers at once (ADDR:PORT/tcp, /udp connected, /udpu unconnected) and print what each probe saw",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			res, err := peer.Reachability(cmd.Context(), args, reachTimeout)
+			var bind netip.Addr
+			if reachBind != "" {
+				var err error
+				if bind, err = netip.ParseAddr(reachBind); err != nil {
+					return fmt.Errorf("--bind %q: %w", reachBind, err)
+				}
+			}
+			res, err := peer.Reachability(cmd.Context(), args, reachTimeout, bind)
 			if err != nil {
 				return err
 			}
@@ -243,6 +251,7 @@ func newPeerCmd() *cobra.Command {
 		},
 	}
 	reach.Flags().DurationVar(&reachTimeout, "timeout", 2*time.Second, "give each probe this long")
+	reach.Flags().StringVar(&reachBind, "bind", "", "send from this local address")
 	cmd.AddCommand(reach, server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
 		newPlantCmd(), newVictimCmd(), newFastOpenCmd(), newOpenCmd(), newListenCmd(), fanout)
 	return cmd

@@ -23,8 +23,8 @@ type Reach struct {
 
 // Reachability probes every target (ADDR:PORT/tcp, /udp for connected
 // UDP, /udpu for unconnected sends) at once, each within timeout, against
-// whoami servers.
-func Reachability(ctx context.Context, targets []string, timeout time.Duration) ([]Reach, error) {
+// whoami servers; from bind, if valid.
+func Reachability(ctx context.Context, targets []string, timeout time.Duration, bind netip.Addr) ([]Reach, error) {
 	out := make([]Reach, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
@@ -37,7 +37,7 @@ func Reachability(ctx context.Context, targets []string, timeout time.Duration) 
 		go func() {
 			defer wg.Done()
 			out[i] = Reach{Target: t}
-			out[i].Label, err = reachOne(ctx, ap, mode, timeout)
+			out[i].Label, err = reachOne(ctx, ap, mode, timeout, bind)
 			out[i].Result = reachResult(err)
 		}()
 	}
@@ -59,7 +59,7 @@ func reachResult(err error) string {
 	return errnoName(err)
 }
 
-func reachOne(ctx context.Context, ap netip.AddrPort, mode string, timeout time.Duration) (string, error) {
+func reachOne(ctx context.Context, ap netip.AddrPort, mode string, timeout time.Duration, bind netip.Addr) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -67,6 +67,13 @@ func reachOne(ctx context.Context, ap netip.AddrPort, mode string, timeout time.
 	switch mode {
 	case "tcp", "udp":
 		var d net.Dialer
+		if bind.IsValid() {
+			if mode == "tcp" {
+				d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(bind, 0))
+			} else {
+				d.LocalAddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(bind, 0))
+			}
+		}
 		c, err := d.DialContext(ctx, mode, ap.String())
 		if err != nil {
 			return "", err
@@ -85,7 +92,11 @@ func reachOne(ctx context.Context, ap netip.AddrPort, mode string, timeout time.
 		if ap.Addr().Is6() {
 			network = "udp6"
 		}
-		pc, err := net.ListenPacket(network, "")
+		local := ""
+		if bind.IsValid() {
+			local = netip.AddrPortFrom(bind, 0).String()
+		}
+		pc, err := net.ListenPacket(network, local)
 		if err != nil {
 			return "", err
 		}

@@ -71,6 +71,7 @@ func (pb *policyBed) apply(t *testing.T, src string) string {
 
 // reach probes targets from pod p.
 func reach(t *testing.T, in *testutil.Instance, p *testbed.Pod, timeout time.Duration, targets []string) []peer.Reach {
+	// targets may begin with flags of peer reach (--bind IP).
 	t.Helper()
 	out := run(t, p, 2*time.Minute, in.Bin, append([]string{"peer", "reach", "--timeout", timeout.String()}, targets...)...)
 	var res []peer.Reach
@@ -465,5 +466,38 @@ func TestPolicyCLI(t *testing.T) {
 	}
 	if out := pb.in.MustRun("policy", "get", "x/from-y"); !strings.Contains(out, "namespaceSelector") || !strings.Contains(out, "1 denied") {
 		t.Errorf("policy get: %s", out)
+	}
+}
+
+// TestPolicySpoofedSource: a pod that owns its network namespace gives
+// itself the address of a pod the policy lets in and connects from it.
+// The connect is judged by the pod the process belongs to (its cgroup),
+// not by the address it chose: refused with EPERM; the same pod's
+// datagrams from the borrowed address are refused too.
+func TestPolicySpoofedSource(t *testing.T) {
+	pb := newPolicyBed(t)
+	pb.apply(t, pb.file(t, `
+  - metadata: {name: from-b, namespace: x}
+    spec:
+      podSelector: {matchLabels: {pod: a}}
+      ingress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]
+`))
+	attacker, xb := pb.pod("z/c"), pb.pod("x/b")
+	run(t, attacker, time.Minute, "ip", "addr", "add", xb.IPv4.String()+"/32", "dev", "eth0")
+	xa := pb.pod("x/a").IPv4.String()
+	targets := []string{xa + ":80/tcp", xa + ":80/udp", xa + ":80/udpu"}
+	for _, r := range reach(t, pb.in, attacker, time.Second, append([]string{"--bind", xb.IPv4.String()}, targets...)) {
+		if r.Result != "EPERM" {
+			t.Errorf("z/c posing as x/b -> %s: %s %q, want EPERM", r.Target, r.Result, r.Label)
+		}
+	}
+	// The real x/b is let in (the borrowed address given back first: two
+	// owners would confuse the bridge's neighbours).
+	run(t, attacker, time.Minute, "ip", "addr", "del", xb.IPv4.String()+"/32", "dev", "eth0")
+	run(t, pb.pod("x/a"), time.Minute, "ip", "neigh", "flush", "all")
+	for _, r := range reach(t, pb.in, xb, 2*time.Second, targets) {
+		if r.Result != "ok" || r.Label != "x/a" {
+			t.Errorf("x/b -> %s: %s %q", r.Target, r.Result, r.Label)
+		}
 	}
 }
