@@ -222,7 +222,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 11
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 12
 )
 
 type bypassSlListener struct {

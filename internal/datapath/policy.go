@@ -11,12 +11,15 @@ import (
 
 // PolicyStats is what an apply of network policy wrote.
 type PolicyStats struct {
-	Policies  int           `json:"policies"`
-	Addresses int           `json:"addresses"`
-	Cgroups   int           `json:"cgroups"`
-	Rules     int           `json:"rules"`
-	Bank      uint32        `json:"bank"`
-	Took      time.Duration `json:"took_ns"`
+	Policies  int    `json:"policies"`
+	Addresses int    `json:"addresses"`
+	Cgroups   int    `json:"cgroups"`
+	Rules     int    `json:"rules"`
+	Bank      uint32 `json:"bank"`
+	// Took is the time until the new tables were live; Cleared the time
+	// spent after that emptying the previous bank.
+	Took    time.Duration `json:"took_ns"`
+	Cleared time.Duration `json:"cleared_ns"`
 }
 
 // PolicyCount is what the datapath decided under one policy id.
@@ -43,20 +46,30 @@ func (d *Datapath) PolicyLive() (bank uint32, enabled bool, generation uint64, e
 	return l.Bank, l.Enabled != 0, l.Generation, nil
 }
 
+// policyGrace is how long a publish waits before it empties the previous
+// bank: a program that read the bank number just before the publish
+// finishes its lookups in microseconds.
+const policyGrace = 20 * time.Millisecond
+
 // ApplyPolicies writes compiled tables to the bank that is not live and
 // publishes it with one update; the programs read the live bank once per
-// decision, so none sees half an apply. The previous bank stays whole
-// until the next apply clears it. freed are ids of policies gone since
-// the last apply: their counters restart from zero.
+// decision, so none sees half an apply. The previous bank is emptied
+// after a grace period, off the path to enforcement (an apply that finds
+// it not emptied, its applier having died, empties it first). freed are
+// ids of policies gone since the last apply: their counters restart from
+// zero.
 func (d *Datapath) ApplyPolicies(t *policy.Tables, freed []uint32) (PolicyStats, error) {
 	start := time.Now()
-	live, _, gen, err := d.PolicyLive()
-	if err != nil {
-		return PolicyStats{}, err
+	var cur polLive
+	if err := d.lb.SlPolCtl.Lookup(uint32(0), &cur); err != nil {
+		return PolicyStats{}, fmt.Errorf("reading the policy state: %w", err)
 	}
+	live, gen := cur.Bank, cur.Generation
 	next := 1 - live
-	if err := d.clearPolicyBank(next); err != nil {
-		return PolicyStats{}, err
+	if cur.Dirty != 0 {
+		if err := d.clearPolicyBank(next); err != nil {
+			return PolicyStats{}, err
+		}
 	}
 	st := PolicyStats{Policies: len(t.IDs), Addresses: len(t.IPs), Cgroups: len(t.Cgroups), Rules: len(t.Rules), Bank: next}
 	ipKeys, ipVals := make([]polIPKey, len(t.IPs)), make([]polPeer, len(t.IPs))
@@ -97,7 +110,7 @@ func (d *Datapath) ApplyPolicies(t *policy.Tables, freed []uint32) (PolicyStats,
 	if err := batchPut(d.lb.SlPolStats, freed, zero); err != nil {
 		return st, fmt.Errorf("resetting counters of removed policies: %w", err)
 	}
-	l := polLive{Bank: next, Generation: gen + 1}
+	l := polLive{Bank: next, Generation: gen + 1, Dirty: 1}
 	if len(t.IDs) > 0 {
 		l.Enabled = 1
 	}
@@ -105,6 +118,16 @@ func (d *Datapath) ApplyPolicies(t *policy.Tables, freed []uint32) (PolicyStats,
 		return st, fmt.Errorf("publishing policy bank %d: %w", next, err)
 	}
 	st.Took = time.Since(start)
+	time.Sleep(policyGrace)
+	cleared := time.Now()
+	if err := d.clearPolicyBank(live); err != nil {
+		return st, err
+	}
+	l.Dirty = 0
+	if err := d.lb.SlPolCtl.Put(uint32(0), &l); err != nil {
+		return st, fmt.Errorf("recording policy bank %d empty: %w", live, err)
+	}
+	st.Cleared = time.Since(cleared)
 	return st, nil
 }
 

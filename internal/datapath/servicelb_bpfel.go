@@ -176,6 +176,8 @@ type servicelbSlPolLive struct {
 	Bank       uint32
 	Enabled    uint32
 	Generation uint64
+	Dirty      uint32
+	Pad        uint32
 }
 
 type servicelbSlPolPeer struct {

@@ -50,6 +50,8 @@ struct sl_pol_live {
 	__u32 bank;
 	__u32 enabled;
 	__u64 generation;             /* applies so far: cached UDP verdicts of another are stale */
+	__u32 dirty;                  /* the other bank still holds entries (cleared after a publish) */
+	__u32 pad;
 };
 
 /* An address or prefix (IPv6, or IPv4-mapped, network order) in a bank.
