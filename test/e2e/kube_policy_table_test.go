@@ -138,6 +138,6 @@ func TestPolicyTruthTableAPI(t *testing.T) {
 		if i%2 == 1 {
 			udp = "udpu"
 		}
-		pb.check(t, &sc, udp)
+		pb.check(t, &sc, udp, false)
 	}
 }

@@ -38,22 +38,24 @@ func newPolicyBed(t *testing.T) *policyBed {
 		tp := testutil.Pod(t, pb.bed, p.NS+p.Name)
 		pb.pods[p] = tp
 		all = append(all, tp)
-		start(t, tp, pb.in.Bin, "peer", "whoami", "0.0.0.0", "--ports", "80-81", "--label", p.String())
-		start(t, tp, pb.in.Bin, "peer", "whoami", "0.0.0.0", "--ports", "80-81", "--network", "udp", "--label", p.String())
-		start(t, tp, pb.in.Bin, "peer", "whoami", "0.0.0.0:53", "--network", "udp", "--label", p.String())
+		// Dual-stack servers: IPv4 clients arrive as IPv4-mapped
+		// addresses, and the UDP answers leave through sendmsg6.
+		start(t, tp, pb.in.Bin, "peer", "whoami", "::", "--ports", "80-81", "--label", p.String())
+		start(t, tp, pb.in.Bin, "peer", "whoami", "::", "--ports", "80-81", "--network", "udp", "--label", p.String())
+		start(t, tp, pb.in.Bin, "peer", "whoami", "[::]:53", "--network", "udp", "--label", p.String())
 	}
 	for _, tp := range all {
-		waitPort(t, tp, "0.0.0.0:81")
-		waitUDPPort(t, tp, "0.0.0.0:53")
+		waitPort(t, tp, "[::]:81")
+		waitUDPPort(t, tp, "[::]:53")
 	}
 	pb.in.Attach(all...)
 	return pb
 }
 
 func (pb *policyBed) addressing() netpoltest.Addressing {
-	a := netpoltest.Addressing{IPs: map[netpoltest.Pod]netip.Addr{}, Cgroups: map[netpoltest.Pod]string{}}
+	a := netpoltest.Addressing{IPs: map[netpoltest.Pod]netip.Addr{}, IPv6: map[netpoltest.Pod]netip.Addr{}, Cgroups: map[netpoltest.Pod]string{}}
 	for p, tp := range pb.pods {
-		a.IPs[p] = tp.IPv4
+		a.IPs[p], a.IPv6[p] = tp.IPv4, tp.IPv6
 		a.Cgroups[p] = tp.Cgroup
 	}
 	return a
@@ -108,15 +110,39 @@ func TestPolicyTruthTable(t *testing.T) {
 			t.Fatal(err)
 		}
 		pb.apply(t, src)
-		pb.check(t, &sc, udp)
+		pb.check(t, &sc, udp, false)
+	}
+}
+
+// TestPolicyIPv6 runs scenarios of the truth table over the pods' IPv6
+// addresses (connect6, sendmsg6, IPv6 first packets).
+func TestPolicyIPv6(t *testing.T) {
+	pb := newPolicyBed(t)
+	a := pb.addressing()
+	for _, sc := range netpoltest.Scenarios() {
+		switch sc.Name {
+		case "deny-all-x", "namespace-or-pod-selector", "port-80-tcp", "egress-named-port":
+		default:
+			continue
+		}
+		src, err := sc.File(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pb.apply(t, src)
+		pb.check(t, &sc, "udpu", true)
 	}
 }
 
 // check tries every probe of the scenario (UDP over udp: "udp" connected
 // or "udpu" unconnected) against the applied policies.
-func (pb *policyBed) check(t *testing.T, sc *netpoltest.Scenario, udp string) {
+func (pb *policyBed) check(t *testing.T, sc *netpoltest.Scenario, udp string, v6 bool) {
 	t.Helper()
 	a := pb.addressing()
+	addrs := a.IPs
+	if v6 {
+		addrs = a.IPv6
+	}
 	before := lbCountersOf(t, pb.in)
 	byFrom := map[netpoltest.Pod][]netpoltest.Probe{}
 	for _, pr := range sc.Probes() {
@@ -131,7 +157,7 @@ func (pb *policyBed) check(t *testing.T, sc *netpoltest.Scenario, udp string) {
 			if mode == "udp" {
 				mode = udp
 			}
-			targets = append(targets, fmt.Sprintf("%s:%d/%s", a.IPs[pr.To], pr.Port.Port, mode))
+			targets = append(targets, fmt.Sprintf("%s/%s", netip.AddrPortFrom(addrs[pr.To], pr.Port.Port), mode))
 		}
 		res := reach(t, pb.in, pb.pods[from], 2*time.Second, targets)
 		for j, pr := range probes {

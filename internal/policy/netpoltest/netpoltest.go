@@ -89,9 +89,11 @@ func (s *Scenario) Probes() []Probe {
 	return out
 }
 
-// Addressing gives the pods' addresses and cgroups.
+// Addressing gives the pods' addresses (IPv4, and IPv6 if any) and
+// cgroups.
 type Addressing struct {
 	IPs     map[Pod]netip.Addr
+	IPv6    map[Pod]netip.Addr
 	Cgroups map[Pod]string
 }
 
@@ -113,7 +115,11 @@ func (s *Scenario) File(a Addressing) (string, error) {
 			ls = append(ls, k+": "+v)
 		}
 		sort.Strings(ls)
-		fmt.Fprintf(&b, "  - namespace: %s\n    name: %s\n    labels: {%s}\n    ips: [%s]\n", p.NS, p.Name, strings.Join(ls, ", "), a.IPs[p])
+		ips := a.IPs[p].String()
+		if v6, ok := a.IPv6[p]; ok {
+			ips += `, "` + v6.String() + `"`
+		}
+		fmt.Fprintf(&b, "  - namespace: %s\n    name: %s\n    labels: {%s}\n    ips: [%s]\n", p.NS, p.Name, strings.Join(ls, ", "), ips)
 		if cg := a.Cgroups[p]; cg != "" {
 			fmt.Fprintf(&b, "    cgroup: %s\n", cg)
 		}
