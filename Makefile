@@ -3,7 +3,7 @@
 GO ?= go
 BIN := bin/socklane
 
-.PHONY: help deps generate build demo test unit kernel-test check-generated metrics-doc k8s-binaries lint clean
+.PHONY: help deps generate proto-check proto-baseline build demo test unit kernel-test check-generated metrics-doc k8s-binaries lint clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
@@ -11,8 +11,16 @@ help: ## list targets
 deps: ## install system packages (Debian; as root)
 	./scripts/install-deps.sh
 
-generate: ## regenerate BPF objects and Go bindings (bpf2go)
-	$(GO) generate ./internal/datapath/
+generate: ## regenerate BPF objects and Go bindings (bpf2go) and the sync protocol's Go code (buf)
+	$(GO) generate ./internal/datapath/ ./internal/statesync/
+	$$(./scripts/buf.sh) generate
+
+proto-check: ## lint the sync protocol and check it for breaking changes against proto/baseline.binpb (buf)
+	$$(./scripts/buf.sh) lint
+	$$(./scripts/buf.sh) breaking --against proto/baseline.binpb
+
+proto-baseline: ## make the current protocol the one later changes must stay compatible with
+	$$(./scripts/buf.sh) build -o proto/baseline.binpb
 
 build: ## build bin/socklane
 	$(GO) build -o $(BIN) ./cmd/socklane
@@ -34,7 +42,8 @@ unit: ## every package's tests that need neither root nor the kernel (seconds)
 	SOCKLANE_UNIT=1 $(GO) test -count=1 ./...
 
 check-generated: generate ## fail if committed generated files differ from a fresh build
-	git diff --exit-code -- internal/datapath/
+	git diff --exit-code -- internal/datapath/ internal/statesync/ internal/syncpb/
+	@test -z "$$(git status --porcelain -- internal/syncpb/ internal/statesync/*_bpfel.*)" || { git status --porcelain -- internal/syncpb/ internal/statesync/; echo "generated files above are not committed" >&2; exit 1; }
 
 metrics-doc: ## regenerate docs/metrics.md from the metric definitions
 	$(GO) test -count=1 ./internal/metrics/ -run TestDoc -update

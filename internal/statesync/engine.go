@@ -1,0 +1,408 @@
+package statesync
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/syncpb"
+)
+
+// ProtocolVersion is the version of proto/socklane/sync/v1 this node
+// speaks.
+const ProtocolVersion = 1
+
+// Engine is one node's state sync.
+type Engine struct {
+	cfg Config
+	log *slog.Logger
+	tls *tlsConfig
+
+	origin originID
+
+	mu      sync.Mutex
+	clock   uint64 // Lamport clock: the highest generation seen
+	rlog    *resendLog
+	tables  []*table
+	maps    []*ebpf.Map
+	applied map[originID]uint64 // how far each origin's changes are applied
+	conns   map[string]*conn    // live streams by peer name
+	active  bool
+	// lastRefusal says why a peer was last refused.
+	lastRefusal string
+	peers       map[string]*peerStatus
+	wake        chan struct{} // closed and replaced when the log grows
+
+	// bootstrapped is closed once every peer sent its snapshot, or the
+	// bootstrap timeout passed.
+	bootstrapped chan struct{}
+	booted       map[string]bool
+
+	stats stats
+}
+
+type stats struct {
+	sent, applied, stale, resent, dropped, published atomic.Uint64
+	snapshotsSent, snapshotsApplied, resyncs         atomic.Uint64
+	refused, diverged, lost, polls, pollChanges      atomic.Uint64
+}
+
+// New opens the pinned maps and reads the certificates; nothing runs
+// until Run.
+func New(cfg Config, log *slog.Logger) (*Engine, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tc, err := loadTLS(cfg.Node, cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	var inc [8]byte
+	if _, err := rand.Read(inc[:]); err != nil {
+		return nil, fmt.Errorf("drawing an incarnation: %w", err)
+	}
+	e := &Engine{
+		cfg: cfg, log: log, tls: tc,
+		origin:       originID{node: cfg.Node, incarnation: binary.LittleEndian.Uint64(inc[:])},
+		rlog:         newResendLog(cfg.LogSize),
+		applied:      map[originID]uint64{},
+		conns:        map[string]*conn{},
+		peers:        map[string]*peerStatus{},
+		wake:         make(chan struct{}),
+		bootstrapped: make(chan struct{}),
+		booted:       map[string]bool{},
+		active:       cfg.Active,
+	}
+	for _, p := range cfg.Peers {
+		e.peers[p.Name] = &peerStatus{Name: p.Name, Address: p.Address}
+	}
+	for _, t := range cfg.Tables {
+		m, err := ebpf.LoadPinnedMap(t.Path, nil)
+		if err != nil {
+			e.Close()
+			return nil, fmt.Errorf("opening the map to sync %s: %w (pin it first, or fix --sync-map)", t.Path, err)
+		}
+		e.maps = append(e.maps, m)
+		s, err := schemaOf(t.Name, m, t.Mode)
+		if err != nil {
+			e.Close()
+			return nil, fmt.Errorf("--sync-map %s: %w", t.Path, err)
+		}
+		e.tables = append(e.tables, newTable(t.Name, s))
+	}
+	return e, nil
+}
+
+// Close releases the maps.
+func (e *Engine) Close() {
+	for _, m := range e.maps {
+		m.Close()
+	}
+}
+
+// Origin is this run's origin (node and incarnation).
+func (e *Engine) Origin() (string, uint64) { return e.origin.node, e.origin.incarnation }
+
+// publishes reports whether this node's writes to table ti are
+// replicated (always in shared mode; only while active otherwise).
+// e.mu held.
+func (e *Engine) publishes(ti int) bool {
+	return e.tables[ti].schema.GetMode() != syncpb.Mode_MODE_ACTIVE_STANDBY || e.active
+}
+
+// record makes a local write a change: a new version of the key,
+// appended to the log. e.mu held.
+func (e *Engine) record(ti int, key, value []byte, deleted bool, captured int64) {
+	e.clock++
+	en := &entry{value: value, deleted: deleted, ver: version{gen: e.clock, writer: e.origin}, captured: captured}
+	if deleted {
+		en.value, en.died = nil, time.Now()
+	}
+	e.tables[ti].merge(key, en)
+	e.rlog.append(&syncpb.Entry{
+		Table: uint32(ti), Key: key, Value: en.value, Deleted: deleted,
+		Version: &syncpb.Version{Generation: en.ver.gen, Writer: e.origin.proto()}, CapturedUnixNano: captured,
+	})
+	e.stats.published.Add(1)
+}
+
+// notify wakes the senders after the log grew. e.mu held.
+func (e *Engine) notify() {
+	close(e.wake)
+	e.wake = make(chan struct{})
+}
+
+// Publish writes key (value, or a delete when value is nil) to a synced
+// map and replicates it: the way for a user-space writer on this node.
+func (e *Engine) Publish(tableName string, key, value []byte) error {
+	ti := e.tableIndex(tableName)
+	if ti < 0 {
+		return fmt.Errorf("no synced table %s", tableName)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.publishes(ti) {
+		return fmt.Errorf("table %s: this node is a standby; only the active node writes", tableName)
+	}
+	m := e.maps[ti]
+	var err error
+	if value == nil {
+		err = m.Delete(key)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			err = nil
+		}
+	} else {
+		err = m.Put(key, value)
+	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", tableName, err)
+	}
+	e.record(ti, clone(key), clone(value), value == nil, time.Now().UnixNano())
+	e.notify()
+	return nil
+}
+
+func (e *Engine) tableIndex(name string) int {
+	for i, t := range e.tables {
+		if t.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}
+
+// apply merges a peer's versions into the tables and writes those that
+// win to the maps. It returns how many won. e.mu held.
+func (e *Engine) apply(entries []*syncpb.Entry) (int, error) {
+	won := 0
+	var firstErr error
+	for _, pe := range entries {
+		ti := int(pe.GetTable())
+		if ti >= len(e.tables) {
+			e.stats.dropped.Add(1)
+			continue
+		}
+		t := e.tables[ti]
+		v := version{gen: pe.GetVersion().GetGeneration(), writer: fromProto(pe.GetVersion().GetWriter())}
+		if v.gen > e.clock {
+			e.clock = v.gen
+		}
+		en := &entry{value: pe.GetValue(), deleted: pe.GetDeleted(), ver: v, epoch: t.epoch, captured: pe.GetCapturedUnixNano()}
+		if en.deleted {
+			en.value, en.died = nil, time.Now()
+		}
+		if !t.merge(pe.GetKey(), en) {
+			e.stats.stale.Add(1)
+			continue
+		}
+		won++
+		if err := e.writeMap(ti, pe.GetKey(), en); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	e.stats.applied.Add(uint64(won))
+	return won, firstErr
+}
+
+func (e *Engine) writeMap(ti int, key []byte, en *entry) error {
+	m := e.maps[ti]
+	if en.deleted {
+		if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting from %s: %w", e.tables[ti].name, err)
+		}
+		return nil
+	}
+	if err := m.Put(key, en.value); err != nil {
+		return fmt.Errorf("writing %s: %w", e.tables[ti].name, err)
+	}
+	return nil
+}
+
+// snapshot copies every entry held (tombstones too) and the last change
+// of this node's origin they include. e.mu held.
+func (e *Engine) snapshot() ([]*syncpb.Entry, uint64) {
+	n := 0
+	for _, t := range e.tables {
+		n += len(t.entries)
+	}
+	out := make([]*syncpb.Entry, 0, n)
+	for ti, t := range e.tables {
+		for k, en := range t.entries {
+			out = append(out, &syncpb.Entry{
+				Table: uint32(ti), Key: []byte(k), Value: en.value, Deleted: en.deleted,
+				Version:          &syncpb.Version{Generation: en.ver.gen, Writer: en.ver.writer.proto()},
+				CapturedUnixNano: en.captured,
+			})
+		}
+	}
+	return out, e.rlog.last
+}
+
+// prune removes what writer wrote that a snapshot of writer's did not
+// hold (writer dropped it: a delete whose tombstone it already forgot).
+// e.mu held.
+func (e *Engine) prune(writer originID, held map[int]map[string]bool) error {
+	var firstErr error
+	for ti, t := range e.tables {
+		for k, en := range t.entries {
+			if en.ver.writer != writer || held[ti][k] {
+				continue
+			}
+			t.account([]byte(k), en, -1)
+			delete(t.entries, k)
+			if !en.deleted {
+				if err := e.writeMap(ti, []byte(k), &entry{deleted: true}); err != nil && firstErr == nil {
+					firstErr = err
+				}
+			}
+		}
+	}
+	return firstErr
+}
+
+// digests sums what this node originated, per table. e.mu held.
+func (e *Engine) digests(writer originID) []*syncpb.TableDigest {
+	out := make([]*syncpb.TableDigest, 0, len(e.tables))
+	for ti, t := range e.tables {
+		d := t.sums[writer]
+		td := &syncpb.TableDigest{Table: uint32(ti)}
+		if d != nil {
+			td.Entries, td.Sum = d.entries, d.sum
+		}
+		out = append(out, td)
+	}
+	return out
+}
+
+// forget drops tombstones older than the TTL.
+func (e *Engine) forget(now time.Time) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, t := range e.tables {
+		for k, en := range t.entries {
+			if en.deleted && now.Sub(en.died) > e.cfg.TombstoneTTL {
+				delete(t.entries, k)
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Run serves and dials the peers and captures local writes until ctx
+// ends.
+func (e *Engine) Run(ctx context.Context) error {
+	ln, err := e.listen()
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	errc := make(chan error, 1)
+	wg.Go(func() {
+		if err := e.serve(ctx, ln); err != nil {
+			select {
+			case errc <- err:
+			default:
+			}
+		}
+	})
+	for _, p := range e.cfg.Peers {
+		if e.cfg.Node < p.Name {
+			wg.Go(func() { e.dialLoop(ctx, p) })
+		}
+	}
+	wg.Go(func() { e.bootstrap(ctx) })
+	for ti := range e.tables {
+		wg.Go(func() { e.capture(ctx, ti) })
+	}
+	wg.Go(func() { e.housekeep(ctx) })
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// bootstrap waits for every peer's snapshot, or the timeout.
+func (e *Engine) bootstrap(ctx context.Context) {
+	t := time.NewTimer(e.cfg.BootstrapTimeout)
+	defer t.Stop()
+	if len(e.cfg.Peers) > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			e.log.Warn("sync: not every peer sent its state in time; reading the local maps anyway",
+				"timeout", e.cfg.BootstrapTimeout, "peers_synced", e.bootedCount(), "peers", len(e.cfg.Peers))
+		case <-e.allBooted():
+		}
+	}
+	close(e.bootstrapped)
+}
+
+func (e *Engine) bootedCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.booted)
+}
+
+// allBooted is closed once every peer's first snapshot was applied.
+func (e *Engine) allBooted() <-chan struct{} {
+	c := make(chan struct{})
+	go func() {
+		for {
+			e.mu.Lock()
+			done := len(e.booted) >= len(e.cfg.Peers)
+			wake := e.wake
+			e.mu.Unlock()
+			if done {
+				close(c)
+				return
+			}
+			select {
+			case <-wake:
+			case <-time.After(50 * time.Millisecond):
+			case <-e.bootstrapped:
+				return
+			}
+		}
+	}()
+	return c
+}
+
+func (e *Engine) housekeep(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if n := e.forget(now); n > 0 {
+				e.log.Debug("sync: tombstones forgotten", "count", n)
+			}
+		}
+	}
+}

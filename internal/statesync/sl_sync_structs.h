@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: change records of synced maps, shared with Go through BTF.
+ *
+ * A program that writes a synced map tells socklane which key it wrote
+ * by a record in the ring buffer sl_sync_changes (sl_sync.h). The record
+ * names the key only: the agent reads the key's value from the map when
+ * it takes the record, so two writes on two CPUs cannot be published in
+ * the wrong order. A record that does not fit is counted in sl_sync_lost,
+ * and the agent then reads the whole map. */
+#ifndef SL_SYNC_STRUCTS_H
+#define SL_SYNC_STRUCTS_H
+
+#include <linux/types.h>
+
+enum sl_sync_limits {
+	SL_SYNC_MAX_KEY = 64,          /* bytes of key a record carries */
+	SL_SYNC_RING_BYTES = 1 << 22,  /* ring buffer of change records */
+};
+
+/* A change record. */
+struct sl_sync_record {
+	__u32 table;                   /* the map's number (--sync-map ...,record=N) */
+	__u32 key_len;
+	__u8 key[SL_SYNC_MAX_KEY];
+};
+
+/* What the churn program (the writer the tests and the bench use) does. */
+enum sl_churn_op {
+	SL_CHURN_PUT = 0,
+	SL_CHURN_DELETE = 1,
+};
+
+struct sl_churn_val {
+	__u64 seq;
+	__u64 written_ns;
+	__u32 src[4];
+	__u32 dst[4];
+};
+
+struct sl_churn_args {
+	__u64 key;
+	__u32 op;                      /* enum sl_churn_op */
+	__u32 capture;                 /* emit change records */
+	struct sl_churn_val val;
+	__s32 ret;                     /* out: the map update's result */
+	__u32 pad;
+};
+
+#endif
