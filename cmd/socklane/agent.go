@@ -22,6 +22,7 @@ func newAgentCmd(g *globals) *cobra.Command {
 	var podInterval, sweepInterval time.Duration
 	var kubeServices bool
 	var kubeconfig, kubePodSelector, nodeName string
+	var sf syncFlags
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the node agent in the foreground (loads or adopts the datapath and attaches it)",
@@ -40,6 +41,11 @@ socklane with 'socklane down'.`,
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
 			cfg.KubePodSelector, cfg.NodeName = kubePodSelector, nodeName
+			sc, err := sf.config(nodeName)
+			if err != nil {
+				return err
+			}
+			cfg.Sync = sc
 			return agent.Run(ctx, cfg, g.logger(os.Stderr))
 		},
 	}
@@ -61,6 +67,7 @@ socklane with 'socklane down'.`,
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --kube-services or --kube-pod-selector: kubeconfig file (default: the in-cluster configuration)")
 	cmd.Flags().StringVar(&kubePodSelector, "kube-pod-selector", "", "attach to the pods the API server places on this node whose labels match this Kubernetes label selector (found in the runtime by UID; pods that go away are detached)")
 	cmd.Flags().StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name in the cluster (for --kube-pod-selector)")
+	sf.add(cmd)
 	set.add(cmd)
 	return cmd
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/policy"
 	"github.com/socklane/socklane/internal/service"
+	"github.com/socklane/socklane/internal/statesync"
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/rest"
 )
@@ -63,6 +64,8 @@ type Config struct {
 	// whose labels match, found in the runtime (CRISocket) by UID.
 	KubePodSelector string
 	NodeName        string
+	// Sync, if set, replicates the maps it names with the peers it lists.
+	Sync *statesync.Config
 	// KubePolicies enforces the cluster's NetworkPolicies (with its
 	// Namespaces and Pods) on the pods KubePodSelector attaches. Not with
 	// PoliciesFile.
@@ -156,6 +159,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if polSet, polSum, err = polWatch.load(); err != nil {
 			return err
 		}
+	}
+	// The sync's maps and certificates are checked before the node is
+	// touched.
+	var syncEngine *statesync.Engine
+	if cfg.Sync != nil {
+		var err error
+		if syncEngine, err = statesync.New(*cfg.Sync, log); err != nil {
+			return err
+		}
+		defer syncEngine.Close()
 	}
 	var kubeCfg *rest.Config
 	if cfg.KubeServices || cfg.KubePodSelector != "" || cfg.KubePolicies {
@@ -273,7 +286,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}, log)
 		}()
 	}
+	syncDone := make(chan error, 1)
+	if syncEngine != nil {
+		ss, err := serveSync(syncEngine, cfg.PinName, log)
+		if err != nil {
+			return err
+		}
+		defer ss.close()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { syncDone <- syncEngine.Run(ctx) }()
+		node, inc := syncEngine.Origin()
+		log.Info("state sync running", "node", node, "incarnation", fmt.Sprintf("%016x", inc), "listen", cfg.Sync.Listen,
+			"peers", len(cfg.Sync.Peers), "tables", len(cfg.Sync.Tables))
+	}
 	if web != nil {
+		if syncEngine != nil {
+			web.sync = syncEngine.Status
+		}
 		web.serve(dp, cfg.PinName, log)
 		if kubeCfg == nil {
 			web.ready.Store(true)
@@ -299,6 +329,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 		case <-podTick:
 			pods.reconcile(ctx)
+		case err := <-syncDone:
+			if err != nil {
+				return fmt.Errorf("state sync: %w", err)
+			}
 		case err := <-kubeDone:
 			if err != nil {
 				return fmt.Errorf("kubernetes source: %w", err)

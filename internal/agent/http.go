@@ -18,6 +18,7 @@ import (
 	"github.com/socklane/socklane/internal/metrics"
 	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/service"
+	"github.com/socklane/socklane/internal/statesync"
 )
 
 // DefaultMetricsAddress is where the agent serves /metrics, /healthz and
@@ -45,6 +46,8 @@ type httpServer struct {
 	ln, healthLn net.Listener
 	srv, health  *http.Server
 	ready        atomic.Bool
+	// sync, if set, is the state sync's status (its metrics).
+	sync func() statesync.Status
 }
 
 // listenHTTP checks the web configuration and binds both addresses
@@ -121,6 +124,9 @@ func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger)
 		col := metrics.New(dp, func() (map[string]string, error) { return node.FrontendNames(name) }, func() ([]service.Skipped, error) { return node.SkippedServices(name) }, log).
 			WithPolicyNames(func() (map[uint32]string, error) { return node.PolicyNames(name) })
 		col.Refresh()
+		if h.sync != nil {
+			reg.MustRegister(metrics.NewSync(h.sync))
+		}
 		reg.MustRegister(
 			col,
 			collectors.NewGoCollector(),

@@ -33,7 +33,7 @@ func Markdown(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| metric | type | labels | meaning |")
 	fmt.Fprintln(w, "|---|---|---|---|")
-	for _, f := range families {
+	for _, f := range append(slices.Clone(families), syncFamilies...) {
 		typ := "counter"
 		if f.typ == prometheus.GaugeValue {
 			typ = "gauge"

@@ -37,7 +37,7 @@ type Engine struct {
 	active  bool
 	// lastRefusal says why a peer was last refused.
 	lastRefusal string
-	peers       map[string]*peerStatus
+	peers       map[string]*PeerStatus
 	wake        chan struct{} // closed and replaced when the log grows
 
 	// bootstrapped is closed once every peer sent its snapshot, or the
@@ -75,14 +75,14 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 		rlog:         newResendLog(cfg.LogSize),
 		applied:      map[originID]uint64{},
 		conns:        map[string]*conn{},
-		peers:        map[string]*peerStatus{},
+		peers:        map[string]*PeerStatus{},
 		wake:         make(chan struct{}),
 		bootstrapped: make(chan struct{}),
 		booted:       map[string]bool{},
 		active:       cfg.Active,
 	}
 	for _, p := range cfg.Peers {
-		e.peers[p.Name] = &peerStatus{Name: p.Name, Address: p.Address}
+		e.peers[p.Name] = &PeerStatus{Name: p.Name, Address: p.Address}
 	}
 	for _, t := range cfg.Tables {
 		m, err := ebpf.LoadPinnedMap(t.Path, nil)

@@ -7,8 +7,8 @@ import (
 	"github.com/socklane/socklane/internal/syncpb"
 )
 
-// peerStatus is what a node knows of one peer.
-type peerStatus struct {
+// PeerStatus is what a node knows of one peer.
+type PeerStatus struct {
 	Name      string    `json:"name"`
 	Address   string    `json:"address,omitempty"`
 	Connected bool      `json:"connected"`
@@ -67,15 +67,15 @@ type Status struct {
 	Active       bool          `json:"active"`
 	Bootstrapped bool          `json:"bootstrapped"`
 	LastRefusal  string        `json:"last_refusal,omitempty"`
-	Peers        []peerStatus  `json:"peers"`
+	Peers        []PeerStatus  `json:"peers"`
 	Tables       []TableStatus `json:"tables"`
 	Counters     Counters      `json:"counters"`
 }
 
-func (e *Engine) peerStatusLocked(name string) *peerStatus {
+func (e *Engine) peerStatusLocked(name string) *PeerStatus {
 	ps := e.peers[name]
 	if ps == nil {
-		ps = &peerStatus{Name: name}
+		ps = &PeerStatus{Name: name}
 		e.peers[name] = ps
 	}
 	return ps

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/statesync"
+	"github.com/spf13/cobra"
+)
+
+// syncFlags are the agent's state sync flags.
+type syncFlags struct {
+	listen            string
+	peers, maps       []string
+	ca, cert, key     string
+	digest, bootstrap time.Duration
+	logSize           int
+	active            bool
+}
+
+func (f *syncFlags) add(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "sync-listen", "", "replicate eBPF maps with other nodes: listen for peers here (HOST:PORT); needs --node-name, --sync-map, --sync-ca, --sync-cert and --sync-key")
+	fl.StringArrayVar(&f.peers, "sync-peer", nil, "a peer node: NAME=HOST:PORT (repeatable; NAME is the node name in its certificate)")
+	fl.StringArrayVar(&f.maps, "sync-map", nil, "a pinned map to replicate: PATH[,name=NAME][,mode=shared|active-standby][,poll=1s][,changes=DIR][,record=N] (repeatable; every node lists the same maps in the same order; changes= names the bpffs directory of the writers' change records, sl_sync.h)")
+	fl.StringVar(&f.ca, "sync-ca", "", "CA certificate (PEM) that signs every node's sync certificate (socklane sync certs makes one)")
+	fl.StringVar(&f.cert, "sync-cert", "", "this node's sync certificate (PEM), naming --node-name; read again at every handshake")
+	fl.StringVar(&f.key, "sync-key", "", "the key of --sync-cert (PEM)")
+	fl.DurationVar(&f.digest, "sync-digest-interval", statesync.DefaultDigestInterval, "how often each node sends digests of the entries it wrote (anti-entropy)")
+	fl.DurationVar(&f.bootstrap, "sync-bootstrap-timeout", statesync.DefaultBootstrapTimeout, "how long to wait for the peers' state before reading the local maps at start")
+	fl.IntVar(&f.logSize, "sync-log-size", statesync.DefaultLogSize, "changes kept for peers that reconnect (a peer further behind gets a snapshot)")
+	fl.BoolVar(&f.active, "sync-active", false, "this node is the active one of the active-standby maps")
+}
+
+// config is nil when the sync is off.
+func (f *syncFlags) config(node string) (*statesync.Config, error) {
+	if f.listen == "" {
+		if len(f.peers)+len(f.maps) > 0 || f.ca+f.cert+f.key != "" || f.active {
+			return nil, fmt.Errorf("--sync-peer, --sync-map, --sync-ca, --sync-cert, --sync-key and --sync-active need --sync-listen (the address peers connect to)")
+		}
+		return nil, nil
+	}
+	c := &statesync.Config{
+		Node: node, Listen: f.listen, TLS: statesync.TLSFiles{CA: f.ca, Cert: f.cert, Key: f.key},
+		DigestInterval: f.digest, BootstrapTimeout: f.bootstrap, LogSize: f.logSize, Active: f.active,
+	}
+	for _, p := range f.peers {
+		peer, err := statesync.ParsePeer(p)
+		if err != nil {
+			return nil, err
+		}
+		c.Peers = append(c.Peers, peer)
+	}
+	for _, m := range f.maps {
+		t, err := statesync.ParseTable(m)
+		if err != nil {
+			return nil, err
+		}
+		c.Tables = append(c.Tables, t)
+	}
+	if f.digest <= 0 || f.bootstrap <= 0 {
+		return nil, fmt.Errorf("--sync-digest-interval and --sync-bootstrap-timeout must be positive")
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func newSyncCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sync",
+		Short: "State sync of eBPF maps between nodes: status, certificates",
+	}
+	cmd.AddCommand(newSyncStatusCmd(g), newSyncCertsCmd())
+	return cmd
+}
+
+func newSyncStatusCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Peers, sequence numbers, lag, resyncs and digests of the running agent's sync",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := agent.ReadSyncStatus(cmd.Context(), g.name)
+			if err != nil {
+				return err
+			}
+			switch g.output {
+			case "json":
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			case "", "text":
+				printSyncStatus(cmd, st)
+				return nil
+			}
+			return fmt.Errorf("-o %s: want text or json", g.output)
+		},
+	}
+	return cmd
+}
+
+func printSyncStatus(cmd *cobra.Command, st statesync.Status) {
+	w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "node %s (origin %s), %d changes published (log holds from %d), active: %v, bootstrapped: %v\n",
+		st.Node, st.Origin, st.Seq, st.LogFirst, st.Active, st.Bootstrapped)
+	if st.LastRefusal != "" {
+		fmt.Fprintf(w, "last refused peer: %s\n", st.LastRefusal)
+	}
+	fmt.Fprintln(w, "PEER\tUP\tACKED\tBEHIND\tLAG\tLAST RESYNC\tDIGEST\tERROR")
+	for _, p := range st.Peers {
+		resync := "-"
+		if !p.LastResync.IsZero() {
+			resync = fmt.Sprintf("%s ago (%s)", time.Since(p.LastResync).Round(time.Second), p.Resync)
+		}
+		digest := "-"
+		if !p.LastDigest.IsZero() {
+			digest = map[bool]string{true: "same", false: "differs"}[p.DigestOK]
+		}
+		fmt.Fprintf(w, "%s\t%v\t%d\t%d\t%.3fs\t%s\t%s\t%s\n", p.Name, p.Connected, p.Acked, p.Behind, p.LagSeconds, resync, digest, p.Err)
+	}
+	fmt.Fprintln(w, "TABLE\tMODE\tENTRIES\tTOMBSTONES\tPUBLISHING")
+	for _, t := range st.Tables {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\n", t.Name, t.Mode, t.Entries, t.Tombstones, t.Publishing)
+	}
+	c := st.Counters
+	fmt.Fprintf(w, "published %d, sent %d, applied %d, stale %d, resent %d, dropped %d, snapshots sent %d applied %d, resyncs %d, refused %d, diverged %d, lost records %d, map reads %d\n",
+		c.Published, c.Sent, c.Applied, c.Stale, c.Resent, c.Dropped, c.SnapshotsSent, c.SnapshotsApplied, c.Resyncs, c.Refused, c.Diverged, c.LostRecords, c.Polls)
+	w.Flush()
+}
+
+func newSyncCertsCmd() *cobra.Command {
+	var dir string
+	var validity time.Duration
+	cmd := &cobra.Command{
+		Use:   "certs NODE...",
+		Short: "Make a sync CA (unless --dir has one) and a certificate for each node",
+		Long: `Writes ca.pem and ca-key.pem (kept if present) and NODE.pem, NODE-key.pem
+for each node into --dir. Give each node its own certificate and key and
+everyone the CA (not its key): a Kubernetes Secret per node, or files.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, nodes []string) error {
+			if err := statesync.MakeCerts(dir, nodes, validity); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote the CA and %s into %s\n", strings.Join(nodes, ", "), dir)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "directory to write into (made if missing, mode 0700)")
+	cmd.Flags().DurationVar(&validity, "validity", 365*24*time.Hour, "how long the certificates are valid")
+	_ = cmd.MarkFlagRequired("dir")
+	return cmd
+}

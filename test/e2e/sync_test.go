@@ -1,0 +1,368 @@
+package e2e
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/bpffs"
+	"github.com/socklane/socklane/internal/statesync"
+	"github.com/socklane/socklane/internal/testbed"
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// syncNode is one "node": a pod (network namespace over veth) running
+// its own datapath instance and agent, with two synced maps: flows,
+// written by a BPF program that records its changes, and users, written
+// from user space and found by the agent's reads.
+type syncNode struct {
+	name  string
+	pod   *testbed.Pod
+	in    *testutil.Instance
+	churn *statesync.Churn
+	users *ebpf.Map
+	addr  string
+	cmd   *exec.Cmd
+	logs  *lockedBuffer
+}
+
+type syncBed struct {
+	t     *testing.T
+	bed   *testbed.Bed
+	certs string
+	nodes []*syncNode
+	extra []string
+}
+
+const syncPort = 7400
+
+func newSyncBed(t *testing.T, names ...string) *syncBed {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireCommand(t, "iptables")
+	b := &syncBed{t: t, bed: testutil.Bed(t), certs: t.TempDir()}
+	if err := statesync.MakeCerts(b.certs, names, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := os.MkdirTemp(bpffs.DefaultPath, "sl-sync-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(pins) })
+	for _, name := range names {
+		n := &syncNode{name: name, pod: testutil.Pod(t, b.bed, name), in: testutil.NewInstance(t)}
+		n.addr = fmt.Sprintf("%s:%d", n.pod.IPv4, syncPort)
+		if n.churn, err = statesync.OpenChurn(filepath.Join(pins, name), 0); err != nil {
+			t.Fatal(err)
+		}
+		n.users, err = ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "users", Type: ebpf.Hash, KeySize: 8, ValueSize: 16, MaxEntries: 65536, Pinning: ebpf.PinByName},
+			ebpf.MapOptions{PinPath: n.churn.Dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.nodes = append(b.nodes, n)
+	}
+	t.Cleanup(func() {
+		for _, n := range b.nodes {
+			b.kill(n)
+			_ = n.users.Unpin()
+			n.users.Close()
+			_ = n.churn.Unpin()
+			n.churn.Close()
+		}
+	})
+	return b
+}
+
+func (b *syncBed) args(n *syncNode) []string {
+	args := []string{"--name", n.in.Name, "agent", "--cgroup", n.pod.Cgroup, "--metrics-address", "",
+		"--node-name", n.name, "--sync-listen", n.addr,
+		"--sync-map", filepath.Join(n.churn.Dir, statesync.ChurnMapName()) + ",name=flows,changes=" + n.churn.Dir,
+		"--sync-map", filepath.Join(n.churn.Dir, "users") + ",name=users,poll=100ms",
+		"--sync-ca", filepath.Join(b.certs, "ca.pem"),
+		"--sync-cert", filepath.Join(b.certs, n.name+".pem"), "--sync-key", filepath.Join(b.certs, n.name+"-key.pem"),
+		"--sync-digest-interval", "500ms", "--sync-bootstrap-timeout", "3s",
+	}
+	for _, o := range b.nodes {
+		if o != n {
+			args = append(args, "--sync-peer", o.name+"="+o.addr)
+		}
+	}
+	return append(append(args, b.extra...), n.in.Settings...)
+}
+
+func (b *syncBed) start(n *syncNode) {
+	b.t.Helper()
+	cmd, err := n.pod.Command(n.in.Bin, b.args(n)...)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	n.logs = &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = n.logs, n.logs
+	if err := cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	n.cmd = cmd
+}
+
+// kill ends an agent with SIGKILL: nothing of it runs on exit.
+func (b *syncBed) kill(n *syncNode) {
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Kill()
+	_ = n.cmd.Wait()
+	n.cmd = nil
+}
+
+func (b *syncBed) status(n *syncNode) (statesync.Status, error) {
+	var st statesync.Status
+	out, err := n.in.Run("sync", "status", "-o", "json")
+	if err != nil {
+		return st, fmt.Errorf("%v: %s", err, out)
+	}
+	return st, json.Unmarshal([]byte(out), &st)
+}
+
+// bootstrapped waits until every running agent has its peers' state.
+func (b *syncBed) bootstrapped() {
+	b.t.Helper()
+	for _, n := range b.nodes {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			st, err := b.status(n)
+			if err == nil && st.Bootstrapped {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.t.Fatalf("%s not bootstrapped in 20s (%v): %+v\n%s", n.name, err, st, n.logs.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// churn makes count random writes spread over nodes: puts and deletes of
+// flows through the BPF program, and of users from user space, on keys
+// every node writes.
+func (b *syncBed) churn(rng *rand.Rand, nodes []*syncNode, count int, keys uint64) {
+	b.t.Helper()
+	for i := range count {
+		n := nodes[rng.IntN(len(nodes))]
+		key := rng.Uint64N(keys)
+		del := rng.IntN(4) == 0
+		if rng.IntN(5) == 0 {
+			var k [8]byte
+			binary.LittleEndian.PutUint64(k[:], key)
+			var v [16]byte
+			binary.LittleEndian.PutUint64(v[:], rng.Uint64())
+			var err error
+			if del {
+				err = n.users.Delete(k[:])
+				if err != nil && !isNotExist(err) {
+					b.t.Fatal(err)
+				}
+				continue
+			}
+			if err = n.users.Put(k[:], v[:]); err != nil {
+				b.t.Fatal(err)
+			}
+			continue
+		}
+		val := statesync.ChurnVal{Seq: uint64(i)}
+		val.Src[0] = rng.Uint32()
+		if err := n.churn.Write(key, val, del, true); err != nil {
+			b.t.Fatal(err)
+		}
+	}
+}
+
+func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }
+
+// dumps reads both maps of a node.
+func (b *syncBed) dumps(n *syncNode) [2]map[string]string {
+	b.t.Helper()
+	var out [2]map[string]string
+	for i, m := range []*ebpf.Map{n.churn.Map(), n.users} {
+		out[i] = map[string]string{}
+		k := make([]byte, m.KeySize())
+		v := make([]byte, m.ValueSize())
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			out[i][string(k)] = string(v)
+		}
+		if err := it.Err(); err != nil {
+			b.t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// converged waits until every node's maps hold the same entries (full
+// dumps compared), and says what differs if they never do.
+func (b *syncBed) converged(timeout time.Duration) {
+	b.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var why string
+	for {
+		why = ""
+		ref := b.dumps(b.nodes[0])
+		for _, n := range b.nodes[1:] {
+			d := b.dumps(n)
+			for i, table := range []string{"flows", "users"} {
+				if len(d[i]) != len(ref[i]) {
+					why = fmt.Sprintf("%s: %s holds %d entries, %s %d", table, n.name, len(d[i]), b.nodes[0].name, len(ref[i]))
+				}
+				for k, v := range ref[i] {
+					if why == "" && d[i][k] != v {
+						why = fmt.Sprintf("%s key %x: %s holds %x, %s %x", table, k, b.nodes[0].name, v, n.name, d[i][k])
+					}
+				}
+			}
+		}
+		if why == "" {
+			if len(ref[0]) == 0 || len(ref[1]) == 0 {
+				b.t.Fatal("converged on empty maps: the churn wrote nothing")
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, n := range b.nodes {
+		st, err := b.status(n)
+		b.t.Logf("%s: %+v %v", n.name, st, err)
+	}
+	b.t.Fatalf("maps differ after %s: %s", timeout, why)
+}
+
+// partition drops every TCP segment of a node (in its own namespace).
+func (b *syncBed) partition(n *syncNode, on bool) {
+	b.t.Helper()
+	op := "-I"
+	if !on {
+		op = "-D"
+	}
+	for _, chain := range []string{"INPUT", "OUTPUT"} {
+		out, err := exec.Command("nsenter", "--net="+n.pod.NetNS, "iptables", "-w", op, chain, "-p", "tcp", "-j", "DROP").CombinedOutput()
+		if err != nil {
+			b.t.Fatalf("iptables %s %s: %v: %s", op, chain, err, out)
+		}
+	}
+}
+
+func (b *syncBed) counters(n *syncNode) statesync.Counters {
+	b.t.Helper()
+	st, err := b.status(n)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return st.Counters
+}
+
+// TestSyncFaults: three nodes replicate two maps (BPF writes with change
+// records, user-space writes found by reads) through random churn and
+// each fault, and after each every node holds the same entries.
+func TestSyncFaults(t *testing.T) {
+	b := newSyncBed(t, "node-a", "node-b", "node-c")
+	b.extra = []string{"--sync-log-size", "2048"}
+	for _, n := range b.nodes {
+		b.start(n)
+	}
+	b.bootstrapped()
+	rng := rand.New(rand.NewPCG(7, 8))
+	all := b.nodes
+	b.churn(rng, all, 4000, 1500)
+	b.converged(20 * time.Second)
+	a, c := b.nodes[0], b.nodes[2]
+
+	t.Run("partition", func(t *testing.T) {
+		// A short partition: the streams stall, the log holds what the
+		// others missed, resent once it heals.
+		before := b.counters(c)
+		b.partition(c, true)
+		b.churn(rng, all, 600, 1500)
+		time.Sleep(6 * time.Second) // the streams time out (4 s silent)
+		b.partition(c, false)
+		b.converged(30 * time.Second)
+		after := b.counters(c)
+		if after.Applied == before.Applied {
+			t.Fatal("node-c applied nothing after the partition healed")
+		}
+		if after.SnapshotsApplied != before.SnapshotsApplied {
+			t.Errorf("node-c needed %d snapshots after a partition its peers' logs covered (want the missed changes resent)", after.SnapshotsApplied-before.SnapshotsApplied)
+		}
+	})
+	t.Run("partition past the log", func(t *testing.T) {
+		// A long one: more changes than the log holds, so a snapshot.
+		before := b.counters(a)
+		b.partition(c, true)
+		b.churn(rng, all[:2], 6000, 1500)
+		time.Sleep(5 * time.Second)
+		b.partition(c, false)
+		b.converged(30 * time.Second)
+		if after := b.counters(a); after.SnapshotsSent == before.SnapshotsSent {
+			t.Fatalf("node-a sent node-c no snapshot after its log overflowed: %+v", after)
+		}
+	})
+	t.Run("kill -9 mid-stream", func(t *testing.T) {
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		crng := rand.New(rand.NewPCG(9, 10))
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				b.churn(crng, all, 50, 1500)
+			}
+		})
+		time.Sleep(300 * time.Millisecond)
+		b.kill(b.nodes[1])
+		time.Sleep(time.Second)
+		b.start(b.nodes[1])
+		time.Sleep(time.Second)
+		close(stop)
+		wg.Wait()
+		b.bootstrapped()
+		b.converged(30 * time.Second)
+	})
+	t.Run("back with an empty map", func(t *testing.T) {
+		n := b.nodes[1]
+		b.kill(n)
+		for _, m := range []*ebpf.Map{n.churn.Map(), n.users} {
+			k := make([]byte, m.KeySize())
+			var keys [][]byte
+			it := m.Iterate()
+			v := make([]byte, m.ValueSize())
+			for it.Next(&k, &v) {
+				keys = append(keys, append([]byte(nil), k...))
+			}
+			for _, k := range keys {
+				if err := m.Delete(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		b.churn(rng, []*syncNode{a, c}, 1000, 1500)
+		b.start(n)
+		b.bootstrapped()
+		b.converged(30 * time.Second)
+		if got := b.counters(n); got.SnapshotsApplied < 2 {
+			t.Fatalf("the emptied node applied %d snapshots, want one from each peer", got.SnapshotsApplied)
+		}
+	})
+}
