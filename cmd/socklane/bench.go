@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/socklane/socklane/internal/bench"
@@ -14,6 +15,7 @@ import (
 
 func newBenchCmd(g *globals) *cobra.Command {
 	o := bench.Options{Placements: bench.DefaultPlacements()}
+	so := bench.SyncOptions{}
 	var jsonOut, mdOut, svgOut, ioMode string
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -39,10 +41,26 @@ load balancer), and the programming time. Reports medians and ratios.`,
 			o.BPFFS = g.bpffs
 			o.Log = g.logger(os.Stderr)
 			o.Progress = os.Stderr
+			var syncRep *bench.SyncReport
+			if i := slices.Index(o.Kinds, bench.Sync); i >= 0 {
+				o.Kinds = slices.Delete(o.Kinds, i, i+1)
+				so.BPFFS, so.Reps, so.Log, so.Progress = g.bpffs, o.Reps, o.Log, os.Stderr
+				if syncRep, err = bench.RunSync(ctx, so); err != nil {
+					return err
+				}
+				if len(o.Kinds) == 0 {
+					if g.json() {
+						return writeJSON(cmd.OutOrStdout(), syncRep)
+					}
+					syncRep.Markdown(cmd.OutOrStdout())
+					return nil
+				}
+			}
 			rep, err := bench.Run(ctx, o)
 			if err != nil {
 				return err
 			}
+			rep.Sync = syncRep
 			write := func(path string, f func(*os.File) error) error {
 				if path == "" {
 					return nil
@@ -81,7 +99,13 @@ load balancer), and the programming time. Reports medians and ratios.`,
 	f.DurationVar(&o.Duration, "duration", time.Second, "length of each throughput run")
 	f.IntVar(&o.EchoCount, "echo-count", 250000, "echoed 1 KiB requests (the tcp-bypasser experiment)")
 	f.IntVar(&o.Connects, "connects", 2000, "short connections per run")
-	f.StringSliceVar(&o.Kinds, "measure", bench.Kinds(), "measurements: latency, throughput, echo, connect, services (kube-proxy iptables rules against socklane's load balancer), policies (connects and a stream under N network policies against none)")
+	f.StringSliceVar(&o.Kinds, "measure", bench.Kinds(), "measurements: latency, throughput, echo, connect, services (kube-proxy iptables rules against socklane's load balancer), policies (connects and a stream under N network policies against none), sync (the state sync between two nodes: replicated updates per second, convergence latency, initial sync, change-capture cost; not in the default)")
+	f.IntVar(&so.Updates, "sync-updates", 1000000, "sync: updates per throughput run")
+	f.IntVar(&so.Rate, "sync-rate", 10000, "sync: steady updates per second of the latency runs")
+	f.DurationVar(&so.RateDuration, "sync-rate-duration", 5*time.Second, "sync: length of each latency run")
+	f.IntVar(&so.Initial, "sync-initial", 1000000, "sync: entries of the initial sync")
+	f.IntVar(&so.Sessions, "sync-sessions", 50000, "sync: sessions of the seed's demo")
+	f.IntVar(&so.CaptureWrites, "sync-capture-writes", 400000, "sync: writes per run of the change-capture cost")
 	f.IntSliceVar(&o.PolicyCounts, "policy-counts", []int{1000, 10000}, "numbers of policies for the policies measurement")
 	f.IntSliceVar(&o.ServiceCounts, "service-counts", []int{100, 1000, 10000}, "numbers of services for the services measurement")
 	f.IntVar(&o.IptablesMaxServices, "iptables-max-services", 10000, "most services the iptables baseline is programmed with (iptables-restore takes minutes from 10,000); larger counts measure socklane alone")

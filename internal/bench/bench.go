@@ -177,6 +177,8 @@ type Report struct {
 	Scenarios map[string]string `json:"scenarios"`
 	Cases     []*Case           `json:"cases"`
 	Programs  []ProgStat        `json:"programs,omitempty"`
+	// Sync is the state sync measurement, when asked for.
+	Sync *SyncReport `json:"sync,omitempty"`
 }
 
 // Run sets up two pods, runs every case and returns the report.

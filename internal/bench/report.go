@@ -39,6 +39,10 @@ func ratio(a, b float64) string {
 
 // Markdown writes the report's tables.
 func (r *Report) Markdown(w io.Writer) {
+	if r.Sync != nil {
+		r.Sync.Markdown(w)
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "Kernel %s, %d CPUs; medians of %d interleaved repetitions of every path a table compares; socklane's own peers use %s socket I/O.\n", r.Kernel, r.CPUs, r.Reps, r.IO)
 	if r.BypassBrief {
 		fmt.Fprintln(w, "Every connection joined the bypass, brief ones too (--bypass-brief).")

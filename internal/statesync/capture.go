@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -15,42 +16,59 @@ import (
 
 const readBatch = 4096
 
-// readMap reads every key and value of a map: batched lookups where the
-// map type has them, else one key at a time.
-func readMap(m *ebpf.Map) (map[string][]byte, error) {
+// scanMap reads every key and value of a map in batches (batched
+// lookups where the map type has them, else one key at a time) and hands
+// each batch to fn; the slices are reused after fn returns.
+func scanMap(m *ebpf.Map, fn func(keys, vals [][]byte)) error {
 	ks, vs := int(m.KeySize()), int(m.ValueSize())
-	out := map[string][]byte{}
 	keys := reflect.MakeSlice(reflect.SliceOf(reflect.ArrayOf(ks, reflect.TypeFor[byte]())), readBatch, readBatch)
 	vals := reflect.MakeSlice(reflect.SliceOf(reflect.ArrayOf(vs, reflect.TypeFor[byte]())), readBatch, readBatch)
+	kbuf := unsafe.Slice((*byte)(keys.UnsafePointer()), ks*readBatch)
+	vbuf := unsafe.Slice((*byte)(vals.UnsafePointer()), vs*readBatch)
+	kv, vv := make([][]byte, readBatch), make([][]byte, readBatch)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys.Interface(), vals.Interface(), nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return scanEach(m, fn)
+		}
 		for i := range n {
-			out[string(keys.Index(i).Bytes())] = append([]byte(nil), vals.Index(i).Bytes()...)
+			kv[i], vv[i] = kbuf[i*ks:(i+1)*ks], vbuf[i*vs:(i+1)*vs]
+		}
+		if n > 0 {
+			fn(kv[:n], vv[:n])
 		}
 		switch {
 		case errors.Is(err, ebpf.ErrKeyNotExist):
-			return out, nil
-		case errors.Is(err, ebpf.ErrNotSupported):
-			return readEach(m)
+			return nil
 		case err != nil:
-			return nil, fmt.Errorf("reading the map: %w", err)
+			return fmt.Errorf("reading the map: %w", err)
 		}
 	}
 }
 
-func readEach(m *ebpf.Map) (map[string][]byte, error) {
-	out := map[string][]byte{}
+func scanEach(m *ebpf.Map, fn func(keys, vals [][]byte)) error {
 	key := make([]byte, m.KeySize())
 	val := make([]byte, m.ValueSize())
 	it := m.Iterate()
 	for it.Next(&key, &val) {
-		out[string(key)] = append([]byte(nil), val...)
+		fn([][]byte{key}, [][]byte{val})
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading the map: %w", err)
+		return fmt.Errorf("reading the map: %w", err)
 	}
-	return out, nil
+	return nil
+}
+
+// readMap reads a whole map into memory.
+func readMap(m *ebpf.Map) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := scanMap(m, func(keys, vals [][]byte) {
+		for i := range keys {
+			out[string(keys[i])] = append([]byte(nil), vals[i]...)
+		}
+	})
+	return out, err
 }
 
 // capture turns writes to table ti's map into changes: from its change
@@ -65,9 +83,11 @@ func (e *Engine) capture(ctx context.Context, ti int) {
 	}
 	tc := e.cfg.Tables[ti]
 	if tc.Changes != "" {
-		if err := e.follow(ctx, ti, tc); err != nil && ctx.Err() == nil {
-			e.log.Error("sync: change records unreadable, reading the map instead", "table", tc.Name, "err", err)
+		err := e.follow(ctx, ti, tc)
+		if ctx.Err() != nil {
+			return
 		}
+		e.log.Error("sync: change records unreadable, reading the map instead", "table", tc.Name, "err", err)
 	}
 	tick := time.NewTicker(tc.Poll)
 	defer tick.Stop()
@@ -86,65 +106,68 @@ func (e *Engine) capture(ctx context.Context, ti int) {
 // rescan reads the whole map and makes a change of every difference from
 // what was synced. A standby instead puts the map back to the synced
 // state. A key a peer wrote while the map was being read is left for the
-// next read.
+// next read. The map is compared a batch at a time; a key the read found
+// is marked, so that the live entries left unmarked are the deleted ones.
 func (e *Engine) rescan(ti int) error {
 	e.mu.Lock()
 	t := e.tables[ti]
 	t.epoch++
 	epoch := t.epoch
+	mark := e.nextMark()
+	publish := e.publishes(ti)
 	e.mu.Unlock()
-	dump, err := readMap(e.maps[ti])
+	now := time.Now().UnixNano()
+	changed := 0
+	var fixes []change
+	err := scanMap(e.maps[ti], func(keys, vals [][]byte) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for i, k := range keys {
+			en := t.entries[string(k)]
+			if en != nil {
+				en.mark = mark
+			}
+			if !t.differs(k, vals[i]) || (en != nil && en.epoch == epoch) {
+				continue
+			}
+			changed++
+			switch {
+			case publish:
+				e.record(ti, clone(k), clone(vals[i]), false, now)
+				t.entries[string(k)].mark = mark
+			case en != nil && !en.deleted:
+				fixes = append(fixes, change{key: clone(k), value: en.value})
+			default:
+				fixes = append(fixes, change{key: clone(k)})
+			}
+		}
+	})
 	if err != nil {
 		return err
 	}
 	e.stats.polls.Add(1)
-	now := time.Now().UnixNano()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	changed := 0
-	publish := e.publishes(ti)
-	var firstErr error
-	fix := func(k string, en *entry) {
-		if err := e.writeMap(ti, []byte(k), en); err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	for k, v := range dump {
-		if !t.differs([]byte(k), v) {
-			continue
-		}
-		en := t.entries[k]
-		if en != nil && en.epoch == epoch {
-			continue
-		}
-		changed++
-		if publish {
-			e.record(ti, []byte(k), v, false, now)
-		} else if en != nil {
-			fix(k, en)
-		} else {
-			fix(k, &entry{deleted: true})
-		}
-	}
 	for k, en := range t.entries {
-		if en.deleted || en.epoch == epoch {
-			continue
-		}
-		if _, ok := dump[k]; ok {
+		if en.deleted || en.epoch == epoch || en.mark == mark {
 			continue
 		}
 		changed++
 		if publish {
 			e.record(ti, []byte(k), nil, true, now)
 		} else {
-			fix(k, en)
+			fixes = append(fixes, change{key: []byte(k), value: en.value})
 		}
 	}
 	if changed > 0 {
 		e.stats.pollChanges.Add(uint64(changed))
 		e.notify()
 	}
-	return firstErr
+	w := newMapWriter(len(e.tables))
+	for _, f := range fixes {
+		w.add(ti, f.key, &entry{value: f.value, deleted: f.value == nil})
+	}
+	return w.flush(e)
 }
 
 // follow reads change records until ctx ends; it returns an error when
@@ -183,7 +206,7 @@ func (e *Engine) follow(ctx context.Context, ti int, tc TableConfig) error {
 		return err
 	}
 	var rec ringbuf.Record
-	keys := make([][]byte, 0, 512)
+	keys := make([][]byte, 0, 4096)
 	ks := int(e.maps[ti].KeySize())
 	for {
 		rd.SetDeadline(time.Now().Add(100 * time.Millisecond))
@@ -223,24 +246,47 @@ func (e *Engine) follow(ctx context.Context, ti int, tc TableConfig) error {
 	}
 }
 
-// recordKey is the key a change record names, if it is table's.
-func recordKey(raw []byte, table uint32, keySize int) ([]byte, bool) {
-	if len(raw) < 8 {
-		return nil, false
-	}
-	if binary.NativeEndian.Uint32(raw[0:4]) != table {
-		return nil, false
-	}
-	n := int(binary.NativeEndian.Uint32(raw[4:8]))
-	if n != keySize || 8+n > len(raw) {
-		return nil, false
-	}
-	return append([]byte(nil), raw[8:8+n]...), true
+// change is a key and the value the map holds for it (nil: none).
+type change struct {
+	key, value []byte
 }
 
-// publishKeys reads the keys' values now and makes changes of those that
-// differ from what was synced.
+// recordHeader is the size of struct sl_sync_record.
+var recordHeader = binary.Size(churnSlSyncRecord{})
+
+// distinct drops repeated keys (a key written many times is read once).
+func distinct(keys [][]byte) [][]byte {
+	seen := make(map[string]bool, len(keys))
+	out := keys[:0]
+	for _, k := range keys {
+		if !seen[string(k)] {
+			seen[string(k)] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// recordKey is the key a change record of table names (its size must be
+// the map's).
+func recordKey(raw []byte, table uint32, keySize int) ([]byte, bool) {
+	var h churnSlSyncRecord
+	if len(raw) < recordHeader {
+		return nil, false
+	}
+	if _, err := binary.Decode(raw[:recordHeader], binary.NativeEndian, &h); err != nil || h.Table != table {
+		return nil, false
+	}
+	if int(h.KeyLen) != keySize || recordHeader+keySize > len(raw) {
+		return nil, false
+	}
+	return append([]byte(nil), raw[recordHeader:recordHeader+keySize]...), true
+}
+
+// publishKeys reads the keys' values now and makes changes of those
+// that differ from what was synced.
 func (e *Engine) publishKeys(ti int, keys [][]byte) error {
+	keys = distinct(keys)
 	e.mu.Lock()
 	t := e.tables[ti]
 	t.epoch++
@@ -248,9 +294,11 @@ func (e *Engine) publishKeys(ti int, keys [][]byte) error {
 	e.mu.Unlock()
 	m := e.maps[ti]
 	vals := make([][]byte, len(keys))
+	vs := int(m.ValueSize())
+	buf := make([]byte, vs*len(keys))
 	for i, k := range keys {
-		v := make([]byte, m.ValueSize())
-		err := m.Lookup(k, &v)
+		v := buf[i*vs : (i+1)*vs : (i+1)*vs]
+		err := m.Lookup(k, v)
 		switch {
 		case err == nil:
 			vals[i] = v
@@ -267,13 +315,14 @@ func (e *Engine) publishKeys(ti int, keys [][]byte) error {
 	}
 	n := 0
 	for i, k := range keys {
-		if !t.differs(k, vals[i]) {
+		c := change{key: k, value: vals[i]}
+		if !t.differs(c.key, c.value) {
 			continue
 		}
-		if en := t.entries[string(k)]; en != nil && en.epoch == epoch {
+		if en := t.entries[string(c.key)]; en != nil && en.epoch == epoch {
 			continue
 		}
-		e.record(ti, k, vals[i], vals[i] == nil, now)
+		e.record(ti, c.key, c.value, c.value == nil, now)
 		n++
 	}
 	if n > 0 {

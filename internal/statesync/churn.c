@@ -25,20 +25,53 @@ struct sl_sync_enums {
 };
 const struct sl_sync_enums *sl_sync_enums_unused __attribute__((unused));
 
+struct churn_loop {
+	struct sl_churn_val val;
+	__u64 key0, seq0;
+	__u32 del, capture;
+	int first;
+};
+
+static long churn_one(__u32 i, void *data)
+{
+	struct churn_loop *l = data;
+	__u64 key = l->key0 + i;
+	int ret;
+
+	if (l->del) {
+		ret = bpf_map_delete_elem(&sl_churn, &key);
+	} else {
+		l->val.seq = l->seq0 + i;
+		l->val.written_ns = bpf_ktime_get_ns();
+		ret = bpf_map_update_elem(&sl_churn, &key, &l->val, BPF_ANY);
+	}
+	if (ret && !l->first)
+		l->first = ret;
+	if (l->capture)
+		sl_sync_emit(0, &key, sizeof(key));
+	return 0;
+}
+
 SEC("syscall")
 int sl_churn_write(struct sl_churn_args *a)
 {
-	__u64 key = a->key;
-	struct sl_churn_val val = a->val;
+	/* Everything read from the context first: the verifier refuses
+	 * accesses through a context pointer the compiler moved. */
+	struct churn_loop l = {
+		.val = a->val,
+		.key0 = a->key,
+		.del = a->op == SL_CHURN_DELETE,
+		.capture = a->capture,
+	};
+	__u32 n = a->count;
 
-	if (a->op == SL_CHURN_DELETE) {
-		a->ret = bpf_map_delete_elem(&sl_churn, &key);
-	} else {
-		val.written_ns = bpf_ktime_get_ns();
-		a->ret = bpf_map_update_elem(&sl_churn, &key, &val, BPF_ANY);
-	}
-	if (a->capture)
-		sl_sync_emit(0, &key, sizeof(key));
+	l.seq0 = l.val.seq;
+	if (n == 0)
+		n = 1;
+	if (n > SL_CHURN_BATCH)
+		n = SL_CHURN_BATCH;
+	bpf_loop(n, churn_one, &l, 0);
+	a->ret = l.first;
 	return 0;
 }
 

@@ -78,7 +78,19 @@ func OpenChurn(dir string, ringBytes uint32) (*Churn, error) {
 // Write puts (or, with del, deletes) key through the program, recording
 // the change when capture is set.
 func (c *Churn) Write(key uint64, val ChurnVal, del, capture bool) error {
-	a := churnSlChurnArgs{Key: key, Val: val}
+	return c.WriteRange(key, 1, val, del, capture)
+}
+
+// ChurnBatch is the most keys one WriteRange writes.
+const ChurnBatch = int(churnSlSyncLimitsSL_CHURN_BATCH)
+
+// WriteRange writes keys key .. key+count-1 in one run of the program
+// (values val.Seq .. val.Seq+count-1), count at most ChurnBatch.
+func (c *Churn) WriteRange(key uint64, count int, val ChurnVal, del, capture bool) error {
+	if count < 1 || count > ChurnBatch {
+		return fmt.Errorf("churn: %d keys in one run, want 1 to %d", count, ChurnBatch)
+	}
+	a := churnSlChurnArgs{Key: key, Val: val, Count: uint32(count)}
 	if del {
 		a.Op = uint32(churnSlChurnOpSL_CHURN_DELETE)
 	}

@@ -20,7 +20,7 @@ type churnSlChurnArgs struct {
 	Capture uint32
 	Val     churnSlChurnVal
 	Ret     int32
-	Pad     uint32
+	Count   uint32
 }
 
 type churnSlChurnOp uint32
@@ -42,14 +42,15 @@ type churnSlSyncLimits uint32
 
 const (
 	churnSlSyncLimitsSL_SYNC_MAX_KEY    churnSlSyncLimits = 64
-	churnSlSyncLimitsSL_SYNC_RING_BYTES churnSlSyncLimits = 4194304
+	churnSlSyncLimitsSL_SYNC_RING_BYTES churnSlSyncLimits = 33554432
+	churnSlSyncLimitsSL_CHURN_BATCH     churnSlSyncLimits = 256
 )
 
 type churnSlSyncRecord struct {
 	_      structs.HostLayout
 	Table  uint32
 	KeyLen uint32
-	Key    [64]uint8
+	Key    [0]uint8
 }
 
 // Names of all BPF objects in the ELF.

@@ -90,10 +90,15 @@ func (c *conn) sendSnapshot() error {
 	e.mu.Lock()
 	entries, seq := e.snapshot()
 	e.mu.Unlock()
+	chunk := make([]*syncpb.Entry, 0, chunkEntries)
 	for i := 0; ; i += chunkEntries {
 		j := min(i+chunkEntries, len(entries))
 		last := j == len(entries)
-		f := &syncpb.Frame{Body: &syncpb.Frame_Snapshot{Snapshot: &syncpb.Snapshot{Entries: entries[i:j], Last: last, Seq: seq}}}
+		chunk = chunk[:0]
+		for _, r := range entries[i:j] {
+			chunk = append(chunk, r.proto())
+		}
+		f := &syncpb.Frame{Body: &syncpb.Frame_Snapshot{Snapshot: &syncpb.Snapshot{Entries: chunk, Last: last, Seq: seq, Total: uint64(len(entries))}}}
 		if err := c.st.send(f); err != nil {
 			return err
 		}
@@ -219,15 +224,22 @@ func (c *conn) onSnapshot(s *syncpb.Snapshot) error {
 	e := c.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if c.held == nil {
-		c.held = map[int]map[string]bool{}
+	if c.candidates == nil {
+		// A new snapshot. What the peer wrote and the snapshot does not
+		// hold is gone on the peer: the keys it wrote are candidates,
+		// struck off as the snapshot brings them.
+		c.candidates, c.snapStart = e.written(c.remote), time.Now()
+		e.snapshotting++
+		for _, t := range e.tables {
+			if len(t.entries) == 0 && s.GetTotal() > 0 {
+				t.entries = make(map[string]*entry, s.GetTotal())
+			}
+		}
 	}
 	for _, en := range s.GetEntries() {
-		ti := int(en.GetTable())
-		if c.held[ti] == nil {
-			c.held[ti] = map[string]bool{}
+		if m := c.candidates[int(en.GetTable())]; m != nil {
+			delete(m, string(en.GetKey()))
 		}
-		c.held[ti][string(en.GetKey())] = true
 	}
 	if _, err := e.apply(s.GetEntries()); err != nil {
 		return err
@@ -235,10 +247,12 @@ func (c *conn) onSnapshot(s *syncpb.Snapshot) error {
 	if !s.GetLast() {
 		return nil
 	}
-	if err := e.prune(c.remote, c.held); err != nil {
+	if err := e.prune(c.remote, c.candidates); err != nil {
 		return err
 	}
-	c.held = nil
+	c.candidates = nil
+	e.snapshotting--
+	e.log.Info("sync: snapshot applied", "peer", c.peer, "entries", s.GetTotal(), "seq", s.GetSeq(), "took", time.Since(c.snapStart).Round(time.Millisecond))
 	e.applied[c.remote] = s.GetSeq()
 	c.mu.Lock()
 	c.awaiting, c.mismatches, c.ackDue = false, 0, true

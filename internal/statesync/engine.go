@@ -35,6 +35,9 @@ type Engine struct {
 	applied map[originID]uint64 // how far each origin's changes are applied
 	conns   map[string]*conn    // live streams by peer name
 	active  bool
+	marks   uint64 // numbers reads of the map (entry.mark)
+	// snapshotting counts snapshots coming in.
+	snapshotting int
 	// lastRefusal says why a peer was last refused.
 	lastRefusal string
 	peers       map[string]*PeerStatus
@@ -187,10 +190,19 @@ func clone(b []byte) []byte {
 }
 
 // apply merges a peer's versions into the tables and writes those that
-// win to the maps. It returns how many won. e.mu held.
+// win to the maps, in batches. It returns how many won. e.mu held.
+// nextMark numbers a read of the map. e.mu held.
+func (e *Engine) nextMark() uint64 {
+	e.marks++
+	return e.marks
+}
+
+// apply merges a peer's versions into the tables and writes those that
+// win to the maps, in batches. It returns how many won. e.mu held.
 func (e *Engine) apply(entries []*syncpb.Entry) (int, error) {
 	won := 0
-	var firstErr error
+	now := time.Now()
+	w := newMapWriter(len(e.tables))
 	for _, pe := range entries {
 		ti := int(pe.GetTable())
 		if ti >= len(e.tables) {
@@ -202,77 +214,98 @@ func (e *Engine) apply(entries []*syncpb.Entry) (int, error) {
 		if v.gen > e.clock {
 			e.clock = v.gen
 		}
-		en := &entry{value: pe.GetValue(), deleted: pe.GetDeleted(), ver: v, epoch: t.epoch, captured: pe.GetCapturedUnixNano()}
+		en := &entry{value: pe.GetValue(), deleted: pe.GetDeleted(), ver: v, epoch: t.epoch, captured: pe.GetCapturedUnixNano(), applied: now}
 		if en.deleted {
-			en.value, en.died = nil, time.Now()
+			en.value, en.died = nil, now
 		}
 		if !t.merge(pe.GetKey(), en) {
 			e.stats.stale.Add(1)
 			continue
 		}
 		won++
-		if err := e.writeMap(ti, pe.GetKey(), en); err != nil && firstErr == nil {
-			firstErr = err
-		}
+		w.add(ti, pe.GetKey(), en)
 	}
 	e.stats.applied.Add(uint64(won))
-	return won, firstErr
+	return won, w.flush(e)
 }
 
-func (e *Engine) writeMap(ti int, key []byte, en *entry) error {
-	m := e.maps[ti]
-	if en.deleted {
-		if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("deleting from %s: %w", e.tables[ti].name, err)
-		}
-		return nil
-	}
-	if err := m.Put(key, en.value); err != nil {
-		return fmt.Errorf("writing %s: %w", e.tables[ti].name, err)
-	}
-	return nil
+// snapRef is one entry of a snapshot: entries are never changed once
+// made (a new version replaces the pointer), so a snapshot holds
+// pointers and is encoded while it is sent.
+type snapRef struct {
+	table int
+	key   string
+	en    *entry
 }
 
-// snapshot copies every entry held (tombstones too) and the last change
+// snapshot takes every entry held (tombstones too) and the last change
 // of this node's origin they include. e.mu held.
-func (e *Engine) snapshot() ([]*syncpb.Entry, uint64) {
+func (e *Engine) snapshot() ([]snapRef, uint64) {
 	n := 0
 	for _, t := range e.tables {
 		n += len(t.entries)
 	}
-	out := make([]*syncpb.Entry, 0, n)
+	out := make([]snapRef, 0, n)
 	for ti, t := range e.tables {
 		for k, en := range t.entries {
-			out = append(out, &syncpb.Entry{
-				Table: uint32(ti), Key: []byte(k), Value: en.value, Deleted: en.deleted,
-				Version:          &syncpb.Version{Generation: en.ver.gen, Writer: en.ver.writer.proto()},
-				CapturedUnixNano: en.captured,
-			})
+			out = append(out, snapRef{ti, k, en})
 		}
 	}
 	return out, e.rlog.last
 }
 
-// prune removes what writer wrote that a snapshot of writer's did not
-// hold (writer dropped it: a delete whose tombstone it already forgot).
-// e.mu held.
-func (e *Engine) prune(writer originID, held map[int]map[string]bool) error {
-	var firstErr error
+func (r snapRef) proto() *syncpb.Entry {
+	return &syncpb.Entry{
+		Table: uint32(r.table), Key: []byte(r.key), Value: r.en.value, Deleted: r.en.deleted,
+		Version:          &syncpb.Version{Generation: r.en.ver.gen, Writer: r.en.ver.writer.proto()},
+		CapturedUnixNano: r.en.captured,
+	}
+}
+
+// written lists the keys whose latest version writer wrote, by table
+// (nil when there are none). e.mu held.
+func (e *Engine) written(writer originID) map[int]map[string]bool {
+	var out map[int]map[string]bool
 	for ti, t := range e.tables {
+		if t.byWriter[writer] == 0 {
+			continue
+		}
+		m := make(map[string]bool, t.byWriter[writer])
 		for k, en := range t.entries {
-			if en.ver.writer != writer || held[ti][k] {
+			if en.ver.writer == writer {
+				m[k] = true
+			}
+		}
+		if out == nil {
+			out = map[int]map[string]bool{}
+		}
+		out[ti] = m
+	}
+	if out == nil {
+		return map[int]map[string]bool{}
+	}
+	return out
+}
+
+// prune removes the keys writer wrote that its snapshot did not hold
+// (writer dropped them: a delete whose tombstone it already forgot),
+// unless another writer wrote them since. e.mu held.
+func (e *Engine) prune(writer originID, gone map[int]map[string]bool) error {
+	w := newMapWriter(len(e.tables))
+	for ti, keys := range gone {
+		t := e.tables[ti]
+		for k := range keys {
+			en := t.entries[k]
+			if en == nil || en.ver.writer != writer {
 				continue
 			}
-			t.account([]byte(k), en, -1)
-			delete(t.entries, k)
+			t.remove(k)
 			if !en.deleted {
-				if err := e.writeMap(ti, []byte(k), &entry{deleted: true}); err != nil && firstErr == nil {
-					firstErr = err
-				}
+				w.add(ti, []byte(k), &entry{deleted: true})
 			}
 		}
 	}
-	return firstErr
+	return w.flush(e)
 }
 
 // digests sums what this node originated, per table. e.mu held.
@@ -297,7 +330,7 @@ func (e *Engine) forget(now time.Time) int {
 	for _, t := range e.tables {
 		for k, en := range t.entries {
 			if en.deleted && now.Sub(en.died) > e.cfg.TombstoneTTL {
-				delete(t.entries, k)
+				t.remove(k)
 				n++
 			}
 		}
@@ -345,51 +378,29 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 }
 
-// bootstrap waits for every peer's snapshot, or the timeout.
+// bootstrap waits for every peer's snapshot, or the timeout; a snapshot
+// still coming in when it passes is waited for.
 func (e *Engine) bootstrap(ctx context.Context) {
-	t := time.NewTimer(e.cfg.BootstrapTimeout)
-	defer t.Stop()
-	if len(e.cfg.Peers) > 0 {
+	deadline := time.Now().Add(e.cfg.BootstrapTimeout)
+	for len(e.cfg.Peers) > 0 {
+		e.mu.Lock()
+		booted, busy := len(e.booted), e.snapshotting
+		e.mu.Unlock()
+		if booted >= len(e.cfg.Peers) {
+			break
+		}
+		if busy == 0 && time.Now().After(deadline) {
+			e.log.Warn("sync: not every peer sent its state in time; reading the local maps anyway",
+				"timeout", e.cfg.BootstrapTimeout, "peers_synced", booted, "peers", len(e.cfg.Peers))
+			break
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			e.log.Warn("sync: not every peer sent its state in time; reading the local maps anyway",
-				"timeout", e.cfg.BootstrapTimeout, "peers_synced", e.bootedCount(), "peers", len(e.cfg.Peers))
-		case <-e.allBooted():
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	close(e.bootstrapped)
-}
-
-func (e *Engine) bootedCount() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.booted)
-}
-
-// allBooted is closed once every peer's first snapshot was applied.
-func (e *Engine) allBooted() <-chan struct{} {
-	c := make(chan struct{})
-	go func() {
-		for {
-			e.mu.Lock()
-			done := len(e.booted) >= len(e.cfg.Peers)
-			wake := e.wake
-			e.mu.Unlock()
-			if done {
-				close(c)
-				return
-			}
-			select {
-			case <-wake:
-			case <-time.After(50 * time.Millisecond):
-			case <-e.bootstrapped:
-				return
-			}
-		}
-	}()
-	return c
 }
 
 func (e *Engine) housekeep(ctx context.Context) {

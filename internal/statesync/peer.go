@@ -18,6 +18,18 @@ import (
 // Frames are sent in pieces of at most this many entries.
 const chunkEntries = 2048
 
+// streamWindow is the HTTP/2 flow-control window of a sync stream: one
+// stream carries everything, so it gets the whole connection's window,
+// large enough that a snapshot is not held back by window updates.
+const streamWindow = 8 << 20
+
+// maxFrame bounds a received frame (a chunk of at most chunkEntries
+// entries of keys and values up to a few hundred bytes).
+const maxFrame = 64 << 20
+
+// maxRedial bounds the wait between two dials of a peer that is down.
+const maxRedial = 500 * time.Millisecond
+
 // idleTimeout ends a stream that received nothing (not even a
 // heartbeat) for this long: a partition, or a peer that hangs.
 const idleTimeout = 4 * heartbeatInterval
@@ -105,7 +117,8 @@ func (e *Engine) listen() (net.Listener, error) {
 
 func (e *Engine) serve(ctx context.Context, ln net.Listener) error {
 	e.tls.refused = e.refusedPeer
-	gs := grpc.NewServer(grpc.Creds(countingCreds{credentials.NewTLS(e.tls.server()), e}))
+	gs := grpc.NewServer(grpc.Creds(countingCreds{credentials.NewTLS(e.tls.server()), e}),
+		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(streamWindow), grpc.MaxRecvMsgSize(maxFrame))
 	syncpb.RegisterSyncServiceServer(gs, &server{e: e, ctx: ctx})
 	go func() {
 		<-ctx.Done()
@@ -159,12 +172,14 @@ func (e *Engine) dialLoop(ctx context.Context, p Peer) {
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 2*time.Second)
+		backoff = min(2*backoff, maxRedial)
 	}
 }
 
 func (e *Engine) dial(ctx context.Context, p Peer) error {
-	cc, err := grpc.NewClient(p.Address, grpc.WithTransportCredentials(credentials.NewTLS(e.tls.client(p.Name))))
+	cc, err := grpc.NewClient(p.Address, grpc.WithTransportCredentials(credentials.NewTLS(e.tls.client(p.Name))),
+		grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxFrame)))
 	if err != nil {
 		return fmt.Errorf("dialing %s: %w", p.Address, err)
 	}
@@ -195,8 +210,11 @@ type conn struct {
 	lastRecv    time.Time
 
 	// receiving
-	awaiting   bool // dropping changes until the snapshot asked for
-	held       map[int]map[string]bool
+	awaiting bool // dropping changes until the snapshot asked for
+	// candidates are, while a snapshot comes in, the keys the peer
+	// wrote that it has not brought yet (nil: no snapshot coming in).
+	candidates map[int]map[string]bool
+	snapStart  time.Time
 	mismatches int
 }
 
@@ -297,6 +315,10 @@ func (e *Engine) runConn(ctx context.Context, peer string, st stream) (err error
 	e.log.Info("sync: peer connected", "peer", peer, "incarnation", fmt.Sprintf("%016x", c.remote.incarnation), "snapshot", c.snapshotDue, "resend_from", c.cursor)
 	defer func() {
 		e.mu.Lock()
+		if c.candidates != nil {
+			c.candidates = nil
+			e.snapshotting--
+		}
 		if e.conns[peer] == c {
 			delete(e.conns, peer)
 			e.peerStatusLocked(peer).Connected = false

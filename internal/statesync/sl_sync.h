@@ -27,18 +27,16 @@ struct {
 	__type(value, __u64);
 } sl_sync_lost SEC(".maps");
 
-/* sl_sync_emit records that key (len bytes, a constant) of table changed.
- * Never fails the caller: a record that does not fit is counted, and the
- * agent reads the whole map. */
-static __always_inline void sl_sync_emit(__u32 table, const void *key, __u32 len)
+/* sl_sync_emit records that key (klen bytes, a constant: sizeof) of
+ * table was written or deleted. Never fails the caller: a record that
+ * does not fit is counted, and the agent reads the whole map. */
+static __always_inline void sl_sync_emit(__u32 table, const void *key, __u32 klen)
 {
 	struct sl_sync_record *r;
 	__u32 zero = 0;
 	__u64 *lost;
 
-	if (len > SL_SYNC_MAX_KEY)
-		len = SL_SYNC_MAX_KEY;
-	r = bpf_ringbuf_reserve(&sl_sync_changes, sizeof(*r), 0);
+	r = bpf_ringbuf_reserve(&sl_sync_changes, sizeof(*r) + klen, 0);
 	if (!r) {
 		lost = bpf_map_lookup_elem(&sl_sync_lost, &zero);
 		if (lost)
@@ -46,9 +44,8 @@ static __always_inline void sl_sync_emit(__u32 table, const void *key, __u32 len
 		return;
 	}
 	r->table = table;
-	r->key_len = len;
-	if (bpf_probe_read_kernel(r->key, len, key))
-		r->key_len = 0;
+	r->key_len = klen;
+	__builtin_memcpy(r->key, key, klen);
 	bpf_ringbuf_submit(r, 0);
 }
 

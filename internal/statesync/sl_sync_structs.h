@@ -4,9 +4,12 @@
  * A program that writes a synced map tells socklane which key it wrote
  * by a record in the ring buffer sl_sync_changes (sl_sync.h). The record
  * names the key only: the agent reads the key's value from the map when
- * it takes the record, so two writes on two CPUs cannot be published in
- * the wrong order. A record that does not fit is counted in sl_sync_lost,
- * and the agent then reads the whole map. */
+ * it takes the record. Records are in the order their writers reserved
+ * them, which for two writes of one key on two CPUs (or a write and a
+ * peer's version the agent applied meanwhile) need not be the order of
+ * the writes, and a writer may be preempted between its write and its
+ * record; only the map knows the last value. A record that does not fit
+ * is counted in sl_sync_lost, and the agent then reads the whole map. */
 #ifndef SL_SYNC_STRUCTS_H
 #define SL_SYNC_STRUCTS_H
 
@@ -14,14 +17,15 @@
 
 enum sl_sync_limits {
 	SL_SYNC_MAX_KEY = 64,          /* bytes of key a record carries */
-	SL_SYNC_RING_BYTES = 1 << 22,  /* ring buffer of change records */
+	SL_SYNC_RING_BYTES = 1 << 25,  /* ring buffer of change records (32 MiB: 1,398,101 records of an 8-byte key) */
+	SL_CHURN_BATCH = 256,          /* most keys one churn run writes */
 };
 
-/* A change record. */
+/* A change record: the header, then key_len bytes of key. */
 struct sl_sync_record {
 	__u32 table;                   /* the map's number (--sync-map ...,record=N) */
 	__u32 key_len;
-	__u8 key[SL_SYNC_MAX_KEY];
+	__u8 key[];
 };
 
 /* What the churn program (the writer the tests and the bench use) does. */
@@ -42,8 +46,8 @@ struct sl_churn_args {
 	__u32 op;                      /* enum sl_churn_op */
 	__u32 capture;                 /* emit change records */
 	struct sl_churn_val val;
-	__s32 ret;                     /* out: the map update's result */
-	__u32 pad;
+	__s32 ret;                     /* out: the first failed update's result */
+	__u32 count;                   /* keys key .. key+count-1 (0: one), values seq .. seq+count-1 */
 };
 
 #endif

@@ -119,14 +119,7 @@ func (e *Engine) Status() Status {
 		st.Peers = append(st.Peers, *e.peerStatusLocked(p.Name))
 	}
 	for ti, t := range e.tables {
-		ts := TableStatus{Name: t.name, Mode: modeName(t.schema.GetMode()), Publishing: e.publishes(ti)}
-		for _, en := range t.entries {
-			if en.deleted {
-				ts.Tombstones++
-			} else {
-				ts.Entries++
-			}
-		}
+		ts := TableStatus{Name: t.name, Mode: modeName(t.schema.GetMode()), Publishing: e.publishes(ti), Entries: t.nLive, Tombstones: t.nDead}
 		st.Tables = append(st.Tables, ts)
 	}
 	s := &e.stats

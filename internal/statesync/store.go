@@ -10,6 +10,8 @@ package statesync
 import (
 	"bytes"
 	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
 	"time"
 
 	"github.com/socklane/socklane/internal/syncpb"
@@ -60,6 +62,10 @@ type entry struct {
 	epoch uint64
 	// captured is when the writing node captured the write (for lag).
 	captured int64
+	// applied is when a peer's version was applied here.
+	applied time.Time
+	// mark is the last read of the map that found the key.
+	mark uint64
 }
 
 // table is one synced map's replicated state.
@@ -71,6 +77,10 @@ type table struct {
 	sums map[originID]*digest
 	// epoch counts polls of the local map.
 	epoch uint64
+	// nLive and nDead count entries and tombstones; byWriter counts
+	// both by the writer of their version.
+	nLive, nDead int
+	byWriter     map[originID]int
 }
 
 type digest struct {
@@ -79,30 +89,21 @@ type digest struct {
 }
 
 func newTable(name string, schema *syncpb.TableSchema) *table {
-	return &table{name: name, schema: schema, entries: map[string]*entry{}, sums: map[originID]*digest{}}
+	return &table{name: name, schema: schema, entries: map[string]*entry{}, sums: map[originID]*digest{}, byWriter: map[originID]int{}}
 }
 
 // entryHash is the contribution of a live entry to its writer's digest;
-// it must be the same on every node, so it is computed without maphash's
-// per-process seed.
+// it must be the same on every node (xxhash: no per-process seed).
 func entryHash(key, value []byte, v version) uint64 {
-	// FNV-1a over key, value and generation: stable across processes.
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
-	mix := func(b []byte) {
-		for _, c := range b {
-			h ^= uint64(c)
-			h *= prime
-		}
-	}
+	d := xxhash.New()
 	var n [8]byte
 	binary.LittleEndian.PutUint64(n[:], uint64(len(key)))
-	mix(n[:])
-	mix(key)
-	mix(value)
+	_, _ = d.Write(n[:])
+	_, _ = d.Write(key)
+	_, _ = d.Write(value)
 	binary.LittleEndian.PutUint64(n[:], v.gen)
-	mix(n[:])
-	return h
+	_, _ = d.Write(n[:])
+	return d.Sum64()
 }
 
 func (t *table) account(key []byte, e *entry, sign int) {
@@ -132,9 +133,36 @@ func (t *table) merge(key []byte, e *entry) bool {
 		return false
 	}
 	t.account(key, cur, -1)
+	t.count(cur, -1)
 	t.entries[string(key)] = e
 	t.account(key, e, +1)
+	t.count(e, +1)
 	return true
+}
+
+// count keeps nLive and nDead up to date.
+func (t *table) count(e *entry, sign int) {
+	if e != nil {
+		t.byWriter[e.ver.writer] += sign
+		if t.byWriter[e.ver.writer] == 0 {
+			delete(t.byWriter, e.ver.writer)
+		}
+	}
+	switch {
+	case e == nil:
+	case e.deleted:
+		t.nDead += sign
+	default:
+		t.nLive += sign
+	}
+}
+
+// remove forgets a key altogether.
+func (t *table) remove(key string) {
+	e := t.entries[key]
+	t.account([]byte(key), e, -1)
+	t.count(e, -1)
+	delete(t.entries, key)
 }
 
 // live is the value a key holds, if any.

@@ -994,7 +994,9 @@ type Snapshot struct {
 	Entries []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
 	Last    bool                   `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
 	// With last: the sender's sequence number the snapshot includes.
-	Seq           uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Entries in the whole snapshot (in every chunk).
+	Total         uint64 `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1046,6 +1048,13 @@ func (x *Snapshot) GetLast() bool {
 func (x *Snapshot) GetSeq() uint64 {
 	if x != nil {
 		return x.Seq
+	}
+	return 0
+}
+
+func (x *Snapshot) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
 	}
 	return 0
 }
@@ -1330,11 +1339,12 @@ const file_socklane_sync_v1_sync_proto_rawDesc = "" +
 	"\n" +
 	"REASON_GAP\x10\x01\x12\x13\n" +
 	"\x0fREASON_DIVERGED\x10\x02\x12\x14\n" +
-	"\x10REASON_BOOTSTRAP\x10\x03\"c\n" +
+	"\x10REASON_BOOTSTRAP\x10\x03\"y\n" +
 	"\bSnapshot\x121\n" +
 	"\aentries\x18\x01 \x03(\v2\x17.socklane.sync.v1.EntryR\aentries\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\x12\x10\n" +
-	"\x03seq\x18\x03 \x01(\x04R\x03seq\"Q\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05total\x18\x04 \x01(\x04R\x05total\"Q\n" +
 	"\x06Digest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x125\n" +
 	"\x06tables\x18\x02 \x03(\v2\x1d.socklane.sync.v1.TableDigestR\x06tables\"O\n" +
