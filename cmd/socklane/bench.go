@@ -48,19 +48,7 @@ load balancer), and the programming time. Reports medians and ratios.`,
 				if syncRep, err = bench.RunSync(ctx, so); err != nil {
 					return err
 				}
-				if len(o.Kinds) == 0 {
-					if g.json() {
-						return writeJSON(cmd.OutOrStdout(), syncRep)
-					}
-					syncRep.Markdown(cmd.OutOrStdout())
-					return nil
-				}
 			}
-			rep, err := bench.Run(ctx, o)
-			if err != nil {
-				return err
-			}
-			rep.Sync = syncRep
 			write := func(path string, f func(*os.File) error) error {
 				if path == "" {
 					return nil
@@ -75,6 +63,24 @@ load balancer), and the programming time. Reports medians and ratios.`,
 				}
 				return fh.Close()
 			}
+			if len(o.Kinds) == 0 {
+				if err := write(jsonOut, func(f *os.File) error { return writeJSON(f, syncRep) }); err != nil {
+					return err
+				}
+				if err := write(mdOut, func(f *os.File) error { syncRep.Markdown(f); return nil }); err != nil {
+					return err
+				}
+				if g.json() {
+					return writeJSON(cmd.OutOrStdout(), syncRep)
+				}
+				syncRep.Markdown(cmd.OutOrStdout())
+				return nil
+			}
+			rep, err := bench.Run(ctx, o)
+			if err != nil {
+				return err
+			}
+			rep.Sync = syncRep
 			if err := write(jsonOut, func(f *os.File) error { return writeJSON(f, rep) }); err != nil {
 				return err
 			}

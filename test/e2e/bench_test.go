@@ -174,3 +174,49 @@ func TestBenchScrape(t *testing.T) {
 		t.Errorf("%d series in a scrape of 300 services", rep.Series)
 	}
 }
+
+// TestBenchSync runs `socklane bench --measure sync` small: two agents
+// replicate every burst, every steady update is read back from the
+// peer's map, the initial sync brings every entry, and the writing
+// program's run time is measured with and without change records.
+func TestBenchSync(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Binary(t)
+	jsonPath := filepath.Join(t.TempDir(), "sync.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "bench", "--measure", "sync", "--reps", "1", "--sync-updates", "20000",
+		"--sync-rate", "2000", "--sync-rate-duration", "1s", "--sync-initial", "20000", "--sync-sessions", "5000",
+		"--sync-capture-writes", "8192", "--json", jsonPath).CombinedOutput()
+	if err != nil {
+		t.Fatalf("socklane bench --measure sync: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "replicated updates per second") {
+		t.Errorf("no Markdown table in the output:\n%s", out)
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.SyncReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	one := func(name string, v []float64) float64 {
+		if len(v) != 1 || v[0] <= 0 {
+			t.Errorf("%s = %v, want one positive value", name, v)
+			return 0
+		}
+		return v[0]
+	}
+	one("replicated", rep.Replicated)
+	one("writer rate", rep.WriterRate)
+	one("p99", rep.P99ms)
+	one("initial sync", rep.InitialS)
+	one("sessions", rep.SessionMs)
+	one("ns plain", rep.NsPlain)
+	one("ns capture", rep.NsCapture)
+	if got := one("observed", rep.Observed); got != 1 {
+		t.Errorf("%.3f of the steady updates were read back from the peer, want all (2,000 a second over 5,000 keys are never overwritten within a second)", got)
+	}
+}
