@@ -41,11 +41,11 @@ socklane with 'socklane down'.`,
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
 			cfg.KubePodSelector, cfg.NodeName = kubePodSelector, nodeName
-			sc, err := sf.config(nodeName)
+			sc, lease, err := sf.config(nodeName)
 			if err != nil {
 				return err
 			}
-			cfg.Sync = sc
+			cfg.Sync, cfg.SyncLease = sc, lease
 			return agent.Run(ctx, cfg, g.logger(os.Stderr))
 		},
 	}

@@ -3,12 +3,14 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/statesync"
+	"github.com/socklane/socklane/internal/syncpb"
 	"github.com/spf13/cobra"
 )
 
@@ -20,6 +22,9 @@ type syncFlags struct {
 	digest, bootstrap time.Duration
 	logSize           int
 	active            bool
+	lease             string
+	leaseDuration     time.Duration
+	takeoverTimeout   time.Duration
 }
 
 func (f *syncFlags) add(cmd *cobra.Command) {
@@ -33,42 +38,60 @@ func (f *syncFlags) add(cmd *cobra.Command) {
 	fl.DurationVar(&f.digest, "sync-digest-interval", statesync.DefaultDigestInterval, "how often each node sends digests of the entries it wrote (anti-entropy)")
 	fl.DurationVar(&f.bootstrap, "sync-bootstrap-timeout", statesync.DefaultBootstrapTimeout, "how long to wait for the peers' state before reading the local maps at start")
 	fl.IntVar(&f.logSize, "sync-log-size", statesync.DefaultLogSize, "changes kept for peers that reconnect (a peer further behind gets a snapshot)")
-	fl.BoolVar(&f.active, "sync-active", false, "this node is the active one of the active-standby maps")
+	fl.BoolVar(&f.active, "sync-active", false, "this node is the active one of the active-standby maps (without --sync-lease)")
+	fl.StringVar(&f.lease, "sync-lease", "", "elect the active node of the active-standby maps through this Kubernetes Lease (NAMESPACE/NAME; --kubeconfig or the in-cluster configuration); the winner publishes only once it has every change its peers have")
+	fl.DurationVar(&f.takeoverTimeout, "sync-takeover-timeout", statesync.DefaultTakeoverTimeout, "with --sync-lease: how long the winner waits to hear from every peer (what they have of the last active node's changes) before it takes over with what it has")
+	fl.DurationVar(&f.leaseDuration, "sync-lease-duration", statesync.DefaultLeaseDuration, "how long the lease holds without renewal (a dead active node is replaced after about this long)")
 }
 
-// config is nil when the sync is off.
-func (f *syncFlags) config(node string) (*statesync.Config, error) {
+// config is nil when the sync is off; the lease is nil without
+// --sync-lease.
+func (f *syncFlags) config(node string) (*statesync.Config, *statesync.Lease, error) {
 	if f.listen == "" {
-		if len(f.peers)+len(f.maps) > 0 || f.ca+f.cert+f.key != "" || f.active {
-			return nil, fmt.Errorf("--sync-peer, --sync-map, --sync-ca, --sync-cert, --sync-key and --sync-active need --sync-listen (the address peers connect to)")
+		if len(f.peers)+len(f.maps) > 0 || f.ca+f.cert+f.key+f.lease != "" || f.active {
+			return nil, nil, fmt.Errorf("--sync-peer, --sync-map, --sync-ca, --sync-cert, --sync-key, --sync-active and --sync-lease need --sync-listen (the address peers connect to)")
 		}
-		return nil, nil
+		return nil, nil, nil
+	}
+	if f.lease != "" && f.active {
+		return nil, nil, fmt.Errorf("--sync-active and --sync-lease: give one (with a lease the active node is elected)")
 	}
 	c := &statesync.Config{
 		Node: node, Listen: f.listen, TLS: statesync.TLSFiles{CA: f.ca, Cert: f.cert, Key: f.key},
 		DigestInterval: f.digest, BootstrapTimeout: f.bootstrap, LogSize: f.logSize, Active: f.active,
+		TakeoverTimeout: f.takeoverTimeout,
 	}
 	for _, p := range f.peers {
 		peer, err := statesync.ParsePeer(p)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		c.Peers = append(c.Peers, peer)
 	}
 	for _, m := range f.maps {
 		t, err := statesync.ParseTable(m)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		c.Tables = append(c.Tables, t)
 	}
-	if f.digest <= 0 || f.bootstrap <= 0 {
-		return nil, fmt.Errorf("--sync-digest-interval and --sync-bootstrap-timeout must be positive")
+	if f.digest <= 0 || f.bootstrap <= 0 || f.takeoverTimeout <= 0 {
+		return nil, nil, fmt.Errorf("--sync-digest-interval, --sync-bootstrap-timeout and --sync-takeover-timeout must be positive")
 	}
 	if err := c.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return c, nil
+	if f.lease == "" {
+		return c, nil, nil
+	}
+	l, err := statesync.ParseLease(f.lease, f.leaseDuration)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !slices.ContainsFunc(c.Tables, func(t statesync.TableConfig) bool { return t.Mode == syncpb.Mode_MODE_ACTIVE_STANDBY }) {
+		return nil, nil, fmt.Errorf("--sync-lease elects the active node of active-standby maps, and no --sync-map has mode=active-standby")
+	}
+	return c, &l, nil
 }
 
 func newSyncCmd(g *globals) *cobra.Command {
@@ -109,6 +132,11 @@ func printSyncStatus(cmd *cobra.Command, st statesync.Status) {
 	w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "node %s (origin %s), %d changes published (log holds from %d), active: %v, bootstrapped: %v\n",
 		st.Node, st.Origin, st.Seq, st.LogFirst, st.Active, st.Bootstrapped)
+	if tk := st.Takeover; tk.Leader && !st.Active {
+		fmt.Fprintf(w, "lease held since %s, catching up before taking over: %d changes behind (%s)\n", tk.Since.Format(time.RFC3339), tk.Behind, tk.Missing)
+	} else if tk.Leader {
+		fmt.Fprintf(w, "lease held; active since %s (%d changes behind when elected)\n", tk.TookOver.Format(time.RFC3339), tk.AtLease)
+	}
 	if st.LastRefusal != "" {
 		fmt.Fprintf(w, "last refused peer: %s\n", st.LastRefusal)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/socklane/socklane/internal/service"
 	"github.com/socklane/socklane/internal/statesync"
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
@@ -66,6 +67,9 @@ type Config struct {
 	NodeName        string
 	// Sync, if set, replicates the maps it names with the peers it lists.
 	Sync *statesync.Config
+	// SyncLease, if set, elects the active node of the active-standby
+	// maps through this Lease (Kubeconfig, or in-cluster).
+	SyncLease *statesync.Lease
 	// KubePolicies enforces the cluster's NetworkPolicies (with its
 	// Namespaces and Pods) on the pods KubePodSelector attaches. Not with
 	// PoliciesFile.
@@ -171,7 +175,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer syncEngine.Close()
 	}
 	var kubeCfg *rest.Config
-	if cfg.KubeServices || cfg.KubePodSelector != "" || cfg.KubePolicies {
+	// The API server's services are served with any Kubernetes source (as
+	// before the sync's lease, which alone serves none).
+	kubeSources := cfg.KubeServices || cfg.KubePodSelector != "" || cfg.KubePolicies
+	if kubeSources || cfg.SyncLease != nil {
 		if err := cfg.Validate(); err != nil {
 			return err
 		}
@@ -265,7 +272,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}, log)
 		}()
 	}
-	if kubeCfg != nil {
+	if kubeSources {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
@@ -296,6 +303,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() { syncDone <- syncEngine.Run(ctx) }()
+		if cfg.SyncLease != nil {
+			client, err := kubernetes.NewForConfig(kubeCfg)
+			if err != nil {
+				return fmt.Errorf("--sync-lease: %w", err)
+			}
+			go func() {
+				if err := syncEngine.RunLease(ctx, client, *cfg.SyncLease); err != nil {
+					syncDone <- err
+				}
+			}()
+		}
 		node, inc := syncEngine.Origin()
 		log.Info("state sync running", "node", node, "incarnation", fmt.Sprintf("%016x", inc), "listen", cfg.Sync.Listen,
 			"peers", len(cfg.Sync.Peers), "tables", len(cfg.Sync.Tables))
@@ -305,7 +323,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			web.sync = syncEngine.Status
 		}
 		web.serve(dp, cfg.PinName, log)
-		if kubeCfg == nil {
+		if !kubeSources {
 			web.ready.Store(true)
 		}
 	}

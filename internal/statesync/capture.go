@@ -95,6 +95,15 @@ func (e *Engine) capture(ctx context.Context, ti int) {
 		if err := e.rescan(ti); err != nil {
 			e.log.Warn("sync: reading the map", "table", tc.Name, "err", err)
 		}
+		e.mu.Lock()
+		again := e.recheck[ti]
+		e.recheck[ti] = nil
+		e.mu.Unlock()
+		if len(again) > 0 {
+			if err := e.publishKeys(ti, again); err != nil {
+				e.log.Warn("sync: reading the map", "table", tc.Name, "err", err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -127,7 +136,13 @@ func (e *Engine) rescan(ti int) error {
 			if en != nil {
 				en.mark = mark
 			}
-			if !t.differs(k, vals[i]) || (en != nil && en.epoch == epoch) {
+			if !t.differs(k, vals[i]) {
+				continue
+			}
+			if en != nil && en.epoch == epoch {
+				// A peer's version came in while the map was read:
+				// the key is read again once nothing intervenes.
+				e.recheck[ti] = append(e.recheck[ti], clone(k))
 				continue
 			}
 			changed++
@@ -149,7 +164,11 @@ func (e *Engine) rescan(ti int) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, en := range t.entries {
-		if en.deleted || en.epoch == epoch || en.mark == mark {
+		if en.deleted || en.mark == mark {
+			continue
+		}
+		if en.epoch == epoch {
+			e.recheck[ti] = append(e.recheck[ti], []byte(k))
 			continue
 		}
 		changed++
@@ -235,6 +254,10 @@ func (e *Engine) follow(ctx context.Context, ti int, tc TableConfig) error {
 			}
 			continue
 		}
+		e.mu.Lock()
+		keys = append(keys, e.recheck[ti]...)
+		e.recheck[ti] = nil
+		e.mu.Unlock()
 		if len(keys) > 0 {
 			if err := e.publishKeys(ti, keys); err != nil {
 				return err
@@ -311,7 +334,23 @@ func (e *Engine) publishKeys(ti int, keys [][]byte) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.publishes(ti) {
-		return nil
+		// A standby mirrors: what a local writer changed is put back.
+		w := newMapWriter(len(e.tables))
+		for i, k := range keys {
+			en := t.entries[string(k)]
+			if !t.differs(k, vals[i]) {
+				continue
+			}
+			if en != nil && en.epoch == epoch {
+				e.recheck[ti] = append(e.recheck[ti], k)
+				continue
+			}
+			if en == nil {
+				en = &entry{deleted: true}
+			}
+			w.add(ti, k, en)
+		}
+		return w.flush(e)
 	}
 	n := 0
 	for i, k := range keys {
@@ -320,6 +359,10 @@ func (e *Engine) publishKeys(ti int, keys [][]byte) error {
 			continue
 		}
 		if en := t.entries[string(c.key)]; en != nil && en.epoch == epoch {
+			// A peer's version came in between the read and now: the
+			// map may hold it, or a local write made after it. Read
+			// the key again once nothing intervenes.
+			e.recheck[ti] = append(e.recheck[ti], c.key)
 			continue
 		}
 		e.record(ti, c.key, c.value, c.value == nil, now)

@@ -20,6 +20,7 @@ const (
 	DefaultDigestInterval   = 10 * time.Second
 	DefaultTombstoneTTL     = 10 * time.Minute
 	DefaultBootstrapTimeout = 10 * time.Second
+	DefaultTakeoverTimeout  = 10 * time.Second
 	heartbeatInterval       = time.Second
 	redialInterval          = 200 * time.Millisecond
 )
@@ -48,6 +49,9 @@ type Config struct {
 	// BootstrapTimeout bounds the wait for the peers' snapshots before
 	// the first read of the local maps.
 	BootstrapTimeout time.Duration
+	// TakeoverTimeout bounds how long a node that won the lease waits to
+	// hear from its peers before it takes over with what it has.
+	TakeoverTimeout time.Duration
 	// Active: this node is the active one of MODE_ACTIVE_STANDBY tables
 	// (without a lease; see Elector).
 	Active bool
@@ -163,6 +167,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BootstrapTimeout == 0 {
 		c.BootstrapTimeout = DefaultBootstrapTimeout
+	}
+	if c.TakeoverTimeout == 0 {
+		c.TakeoverTimeout = DefaultTakeoverTimeout
 	}
 	for i := range c.Tables {
 		if c.Tables[i].Poll == 0 {

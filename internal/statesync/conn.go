@@ -76,7 +76,10 @@ func (c *conn) sendLoop(ctx context.Context) error {
 		case <-wake:
 		case <-c.kick:
 		case <-hb.C:
-			if err := c.st.send(&syncpb.Frame{Body: &syncpb.Frame_Heartbeat{Heartbeat: &syncpb.Heartbeat{SentUnixNano: time.Now().UnixNano(), Seq: c.cursor}}}); err != nil {
+			e.mu.Lock()
+			h := &syncpb.Heartbeat{SentUnixNano: time.Now().UnixNano(), Seq: c.cursor, Active: e.active, Applied: e.appliedList()}
+			e.mu.Unlock()
+			if err := c.st.send(&syncpb.Frame{Body: &syncpb.Frame_Heartbeat{Heartbeat: h}}); err != nil {
 				return err
 			}
 		}
@@ -89,6 +92,7 @@ func (c *conn) sendSnapshot() error {
 	e := c.e
 	e.mu.Lock()
 	entries, seq := e.snapshot()
+	applied := e.appliedList()
 	e.mu.Unlock()
 	chunk := make([]*syncpb.Entry, 0, chunkEntries)
 	for i := 0; ; i += chunkEntries {
@@ -98,7 +102,11 @@ func (c *conn) sendSnapshot() error {
 		for _, r := range entries[i:j] {
 			chunk = append(chunk, r.proto())
 		}
-		f := &syncpb.Frame{Body: &syncpb.Frame_Snapshot{Snapshot: &syncpb.Snapshot{Entries: chunk, Last: last, Seq: seq, Total: uint64(len(entries))}}}
+		snap := &syncpb.Snapshot{Entries: chunk, Last: last, Seq: seq, Total: uint64(len(entries))}
+		if last {
+			snap.Applied = applied
+		}
+		f := &syncpb.Frame{Body: &syncpb.Frame_Snapshot{Snapshot: snap}}
 		if err := c.st.send(f); err != nil {
 			return err
 		}
@@ -147,7 +155,25 @@ func (c *conn) recvLoop(ctx context.Context) error {
 		case *syncpb.Frame_Heartbeat:
 			e.mu.Lock()
 			ps := e.peerStatusLocked(c.peer)
-			ps.PeerSeq = b.Heartbeat.GetSeq()
+			c.peerSeq = max(c.peerSeq, b.Heartbeat.GetSeq())
+			ps.PeerSeq, ps.Active = c.peerSeq, b.Heartbeat.GetActive()
+			c.lastHeartbeat = time.Now()
+			// A heartbeat follows everything the peer had to send: this
+			// node has its state (by snapshot, or by changes resent
+			// because a snapshot from another peer already held them).
+			c.mu.Lock()
+			awaiting := c.awaiting
+			c.mu.Unlock()
+			if !awaiting && c.candidates == nil {
+				e.booted[c.peer] = true
+			}
+			if ps.Active {
+				e.lastActive = c.peer
+			}
+			c.peerApplied = make(map[originID]uint64, len(b.Heartbeat.GetApplied()))
+			for _, a := range b.Heartbeat.GetApplied() {
+				c.peerApplied[fromProto(a.GetOrigin())] = a.GetSeq()
+			}
 			ps.Behind = subOrZero(ps.PeerSeq, e.applied[c.remote])
 			if ps.Behind == 0 {
 				ps.LagSeconds = 0
@@ -208,7 +234,9 @@ func (c *conn) onChanges(ch *syncpb.Changes) error {
 		return err
 	}
 	e.applied[c.remote] = applied + uint64(len(entries))
+	c.peerSeq = max(c.peerSeq, e.applied[c.remote])
 	ps := e.peerStatusLocked(c.peer)
+	ps.PeerSeq = c.peerSeq
 	if cap := entries[len(entries)-1].GetCapturedUnixNano(); cap > 0 {
 		ps.LagSeconds = time.Since(time.Unix(0, cap)).Seconds()
 	}
@@ -254,6 +282,15 @@ func (c *conn) onSnapshot(s *syncpb.Snapshot) error {
 	e.snapshotting--
 	e.log.Info("sync: snapshot applied", "peer", c.peer, "entries", s.GetTotal(), "seq", s.GetSeq(), "took", time.Since(c.snapStart).Round(time.Millisecond))
 	e.applied[c.remote] = s.GetSeq()
+	c.peerSeq = max(c.peerSeq, s.GetSeq())
+	// The snapshot holds the effects of every change the peer had
+	// applied: so does this node now. An origin's own stream skips what
+	// it resends below that.
+	for _, a := range s.GetApplied() {
+		if o := fromProto(a.GetOrigin()); o != e.origin && a.GetSeq() > e.applied[o] {
+			e.applied[o] = a.GetSeq()
+		}
+	}
 	c.mu.Lock()
 	c.awaiting, c.mismatches, c.ackDue = false, 0, true
 	c.mu.Unlock()

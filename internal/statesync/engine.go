@@ -38,6 +38,11 @@ type Engine struct {
 	marks   uint64 // numbers reads of the map (entry.mark)
 	// snapshotting counts snapshots coming in.
 	snapshotting int
+	take         takeover
+	lastActive   string // the peer last heard to be active
+	// recheck are, per table, keys whose read overlapped a peer's apply,
+	// to be read again.
+	recheck [][][]byte
 	// lastRefusal says why a peer was last refused.
 	lastRefusal string
 	peers       map[string]*PeerStatus
@@ -101,6 +106,7 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 		}
 		e.tables = append(e.tables, newTable(t.Name, s))
 	}
+	e.recheck = make([][][]byte, len(e.tables))
 	return e, nil
 }
 
@@ -241,6 +247,19 @@ type snapRef struct {
 // snapshot takes every entry held (tombstones too) and the last change
 // of this node's origin they include. e.mu held.
 func (e *Engine) snapshot() ([]snapRef, uint64) {
+	return e.snapshotRefs(), e.rlog.last
+}
+
+// appliedList is how far this node applied each origin. e.mu held.
+func (e *Engine) appliedList() []*syncpb.OriginState {
+	out := make([]*syncpb.OriginState, 0, len(e.applied))
+	for o, s := range e.applied {
+		out = append(out, &syncpb.OriginState{Origin: o.proto(), Seq: s})
+	}
+	return out
+}
+
+func (e *Engine) snapshotRefs() []snapRef {
 	n := 0
 	for _, t := range e.tables {
 		n += len(t.entries)
@@ -251,7 +270,7 @@ func (e *Engine) snapshot() ([]snapRef, uint64) {
 			out = append(out, snapRef{ti, k, en})
 		}
 	}
-	return out, e.rlog.last
+	return out
 }
 
 func (r snapRef) proto() *syncpb.Entry {
@@ -370,6 +389,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		wg.Go(func() { e.capture(ctx, ti) })
 	}
 	wg.Go(func() { e.housekeep(ctx) })
+	wg.Go(func() { e.gate(ctx) })
 	select {
 	case <-ctx.Done():
 		return nil

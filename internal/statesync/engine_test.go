@@ -308,8 +308,10 @@ func TestRestartEmpty(t *testing.T) {
 	if n := mapLen(t, gone.churn.Map()); n == 0 {
 		t.Fatal("the restarted node got nothing")
 	}
-	if st := gone.engine.Status(); st.Counters.SnapshotsApplied != 2 {
-		t.Errorf("the restarted node applied %d snapshots, want one from each peer", st.Counters.SnapshotsApplied)
+	// One snapshot may be enough: it says how far its sender had applied
+	// the other peer, which then resends only what came after.
+	if n := gone.engine.Status().Counters.SnapshotsApplied; n < 1 || n > 2 {
+		t.Errorf("the restarted node applied %d snapshots, want one or one from each peer", n)
 	}
 	// Two snapshots came in at once: neither may strike off what the
 	// other brought (the digests would then differ and ask for more).

@@ -211,6 +211,11 @@ type conn struct {
 
 	// receiving
 	awaiting bool // dropping changes until the snapshot asked for
+	// peerApplied is how far the peer applied each origin, and peerSeq
+	// the peer's own last change this node heard of (e.mu).
+	peerApplied   map[originID]uint64
+	peerSeq       uint64
+	lastHeartbeat time.Time
 	// candidates are, while a snapshot comes in, the keys the peer
 	// wrote that it has not brought yet (nil: no snapshot coming in).
 	candidates map[int]map[string]bool
@@ -300,6 +305,10 @@ func (e *Engine) runConn(ctx context.Context, peer string, st stream) (err error
 	}
 	e.conns[peer] = c
 	c.snapshotDue = true
+	c.peerApplied = map[originID]uint64{}
+	for _, a := range h.GetApplied() {
+		c.peerApplied[fromProto(a.GetOrigin())] = a.GetSeq()
+	}
 	for _, a := range h.GetApplied() {
 		if fromProto(a.GetOrigin()) == e.origin && e.rlog.holds(a.GetSeq()) {
 			c.cursor, c.snapshotDue = a.GetSeq(), false
@@ -311,6 +320,9 @@ func (e *Engine) runConn(ctx context.Context, peer string, st stream) (err error
 	ps := e.peerStatusLocked(peer)
 	ps.Connected, ps.Since, ps.Err, ps.Origin = true, time.Now(), "", fmt.Sprintf("%s/%016x", c.remote.node, c.remote.incarnation)
 	ps.Active = h.GetActive()
+	if ps.Active {
+		e.lastActive = peer
+	}
 	e.mu.Unlock()
 	e.log.Info("sync: peer connected", "peer", peer, "incarnation", fmt.Sprintf("%016x", c.remote.incarnation), "snapshot", c.snapshotDue, "resend_from", c.cursor)
 	defer func() {

@@ -60,16 +60,17 @@ type Counters struct {
 
 // Status is `socklane sync status`.
 type Status struct {
-	Node         string        `json:"node"`
-	Origin       string        `json:"origin"`
-	Seq          uint64        `json:"seq"`
-	LogFirst     uint64        `json:"log_first"`
-	Active       bool          `json:"active"`
-	Bootstrapped bool          `json:"bootstrapped"`
-	LastRefusal  string        `json:"last_refusal,omitempty"`
-	Peers        []PeerStatus  `json:"peers"`
-	Tables       []TableStatus `json:"tables"`
-	Counters     Counters      `json:"counters"`
+	Node         string         `json:"node"`
+	Origin       string         `json:"origin"`
+	Seq          uint64         `json:"seq"`
+	LogFirst     uint64         `json:"log_first"`
+	Active       bool           `json:"active"`
+	Bootstrapped bool           `json:"bootstrapped"`
+	LastRefusal  string         `json:"last_refusal,omitempty"`
+	Takeover     TakeoverStatus `json:"takeover"`
+	Peers        []PeerStatus   `json:"peers"`
+	Tables       []TableStatus  `json:"tables"`
+	Counters     Counters       `json:"counters"`
 }
 
 func (e *Engine) peerStatusLocked(name string) *PeerStatus {
@@ -109,6 +110,7 @@ func (e *Engine) Status() Status {
 	st := Status{
 		Node: e.cfg.Node, Origin: fmt.Sprintf("%s/%016x", e.origin.node, e.origin.incarnation),
 		Seq: e.rlog.last, LogFirst: e.rlog.first, Active: e.active, LastRefusal: e.lastRefusal,
+		Takeover: e.takeoverStatusLocked(),
 	}
 	select {
 	case <-e.bootstrapped:

@@ -94,6 +94,8 @@ const (
 	ResyncRequest_REASON_GAP         ResyncRequest_Reason = 1
 	ResyncRequest_REASON_DIVERGED    ResyncRequest_Reason = 2
 	ResyncRequest_REASON_BOOTSTRAP   ResyncRequest_Reason = 3
+	// A standby that won the lease lacks changes this peer has.
+	ResyncRequest_REASON_TAKEOVER ResyncRequest_Reason = 4
 )
 
 // Enum value maps for ResyncRequest_Reason.
@@ -103,12 +105,14 @@ var (
 		1: "REASON_GAP",
 		2: "REASON_DIVERGED",
 		3: "REASON_BOOTSTRAP",
+		4: "REASON_TAKEOVER",
 	}
 	ResyncRequest_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
 		"REASON_GAP":         1,
 		"REASON_DIVERGED":    2,
 		"REASON_BOOTSTRAP":   3,
+		"REASON_TAKEOVER":    4,
 	}
 )
 
@@ -996,7 +1000,10 @@ type Snapshot struct {
 	// With last: the sender's sequence number the snapshot includes.
 	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Entries in the whole snapshot (in every chunk).
-	Total         uint64 `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
+	Total uint64 `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
+	// With last: how far the sender had applied each origin's changes; the
+	// snapshot holds their effects, so the receiver has too.
+	Applied       []*OriginState `protobuf:"bytes,5,rep,name=applied,proto3" json:"applied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1057,6 +1064,13 @@ func (x *Snapshot) GetTotal() uint64 {
 		return x.Total
 	}
 	return 0
+}
+
+func (x *Snapshot) GetApplied() []*OriginState {
+	if x != nil {
+		return x.Applied
+	}
+	return nil
 }
 
 // Digest sums the hashes of the live entries the sender originated
@@ -1220,11 +1234,15 @@ func (x *Refusal) GetReason() string {
 	return ""
 }
 
-// Heartbeat keeps an idle stream's lag known.
+// Heartbeat keeps an idle stream's lag known, and says how far the sender
+// got with every origin (a standby taking over compares them).
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SentUnixNano  int64                  `protobuf:"varint,1,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
-	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SentUnixNano int64                  `protobuf:"varint,1,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	Seq          uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The sender is the active node of the active-standby tables.
+	Active        bool           `protobuf:"varint,3,opt,name=active,proto3" json:"active,omitempty"`
+	Applied       []*OriginState `protobuf:"bytes,4,rep,name=applied,proto3" json:"applied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1271,6 +1289,20 @@ func (x *Heartbeat) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *Heartbeat) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
+}
+
+func (x *Heartbeat) GetApplied() []*OriginState {
+	if x != nil {
+		return x.Applied
+	}
+	return nil
 }
 
 var File_socklane_sync_v1_sync_proto protoreflect.FileDescriptor
@@ -1331,20 +1363,22 @@ const file_socklane_sync_v1_sync_proto_rawDesc = "" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x121\n" +
 	"\aentries\x18\x02 \x03(\v2\x17.socklane.sync.v1.EntryR\aentries\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xac\x01\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xc1\x01\n" +
 	"\rResyncRequest\x12>\n" +
-	"\x06reason\x18\x01 \x01(\x0e2&.socklane.sync.v1.ResyncRequest.ReasonR\x06reason\"[\n" +
+	"\x06reason\x18\x01 \x01(\x0e2&.socklane.sync.v1.ResyncRequest.ReasonR\x06reason\"p\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"REASON_GAP\x10\x01\x12\x13\n" +
 	"\x0fREASON_DIVERGED\x10\x02\x12\x14\n" +
-	"\x10REASON_BOOTSTRAP\x10\x03\"y\n" +
+	"\x10REASON_BOOTSTRAP\x10\x03\x12\x13\n" +
+	"\x0fREASON_TAKEOVER\x10\x04\"\xb2\x01\n" +
 	"\bSnapshot\x121\n" +
 	"\aentries\x18\x01 \x03(\v2\x17.socklane.sync.v1.EntryR\aentries\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
-	"\x05total\x18\x04 \x01(\x04R\x05total\"Q\n" +
+	"\x05total\x18\x04 \x01(\x04R\x05total\x127\n" +
+	"\aapplied\x18\x05 \x03(\v2\x1d.socklane.sync.v1.OriginStateR\aapplied\"Q\n" +
 	"\x06Digest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x125\n" +
 	"\x06tables\x18\x02 \x03(\v2\x1d.socklane.sync.v1.TableDigestR\x06tables\"O\n" +
@@ -1353,10 +1387,12 @@ const file_socklane_sync_v1_sync_proto_rawDesc = "" +
 	"\aentries\x18\x02 \x01(\x04R\aentries\x12\x10\n" +
 	"\x03sum\x18\x03 \x01(\x06R\x03sum\"!\n" +
 	"\aRefusal\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"C\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x94\x01\n" +
 	"\tHeartbeat\x12$\n" +
 	"\x0esent_unix_nano\x18\x01 \x01(\x03R\fsentUnixNano\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq*F\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x16\n" +
+	"\x06active\x18\x03 \x01(\bR\x06active\x127\n" +
+	"\aapplied\x18\x04 \x03(\v2\x1d.socklane.sync.v1.OriginStateR\aapplied*F\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vMODE_SHARED\x10\x01\x12\x17\n" +
@@ -1420,14 +1456,16 @@ var file_socklane_sync_v1_sync_proto_depIdxs = []int32{
 	10, // 17: socklane.sync.v1.Changes.entries:type_name -> socklane.sync.v1.Entry
 	1,  // 18: socklane.sync.v1.ResyncRequest.reason:type_name -> socklane.sync.v1.ResyncRequest.Reason
 	10, // 19: socklane.sync.v1.Snapshot.entries:type_name -> socklane.sync.v1.Entry
-	16, // 20: socklane.sync.v1.Digest.tables:type_name -> socklane.sync.v1.TableDigest
-	2,  // 21: socklane.sync.v1.SyncService.Exchange:input_type -> socklane.sync.v1.ExchangeRequest
-	3,  // 22: socklane.sync.v1.SyncService.Exchange:output_type -> socklane.sync.v1.ExchangeResponse
-	22, // [22:23] is the sub-list for method output_type
-	21, // [21:22] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	7,  // 20: socklane.sync.v1.Snapshot.applied:type_name -> socklane.sync.v1.OriginState
+	16, // 21: socklane.sync.v1.Digest.tables:type_name -> socklane.sync.v1.TableDigest
+	7,  // 22: socklane.sync.v1.Heartbeat.applied:type_name -> socklane.sync.v1.OriginState
+	2,  // 23: socklane.sync.v1.SyncService.Exchange:input_type -> socklane.sync.v1.ExchangeRequest
+	3,  // 24: socklane.sync.v1.SyncService.Exchange:output_type -> socklane.sync.v1.ExchangeResponse
+	24, // [24:25] is the sub-list for method output_type
+	23, // [23:24] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_socklane_sync_v1_sync_proto_init() }

@@ -41,15 +41,26 @@ type syncBed struct {
 	certs string
 	nodes []*syncNode
 	extra []string
+	// host: the nodes are cgroups in the host's network namespace on
+	// loopback ports (to reach the test's API server); tableOpts are
+	// added to every --sync-map; nodeArgs to one node's agent.
+	host      bool
+	tableOpts string
+	nodeArgs  map[string][]string
 }
 
 const syncPort = 7400
 
 func newSyncBed(t *testing.T, names ...string) *syncBed {
 	t.Helper()
+	return newSyncBedOn(t, false, names...)
+}
+
+func newSyncBedOn(t *testing.T, host bool, names ...string) *syncBed {
+	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireCommand(t, "iptables")
-	b := &syncBed{t: t, bed: testutil.Bed(t), certs: t.TempDir()}
+	b := &syncBed{t: t, bed: testutil.Bed(t), certs: t.TempDir(), host: host, nodeArgs: map[string][]string{}}
 	if err := statesync.MakeCerts(b.certs, names, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +70,13 @@ func newSyncBed(t *testing.T, names ...string) *syncBed {
 	}
 	t.Cleanup(func() { os.RemoveAll(pins) })
 	for _, name := range names {
-		n := &syncNode{name: name, pod: testutil.Pod(t, b.bed, name), in: testutil.NewInstance(t)}
-		n.addr = fmt.Sprintf("%s:%d", n.pod.IPv4, syncPort)
+		n := &syncNode{name: name, in: testutil.NewInstance(t)}
+		if host {
+			n.pod, n.addr = testutil.HostPod(t, b.bed, name), testutil.FreeAddr(t)
+		} else {
+			n.pod = testutil.Pod(t, b.bed, name)
+			n.addr = fmt.Sprintf("%s:%d", n.pod.IPv4, syncPort)
+		}
 		if n.churn, err = statesync.OpenChurn(filepath.Join(pins, name), 0); err != nil {
 			t.Fatal(err)
 		}
@@ -86,8 +102,8 @@ func newSyncBed(t *testing.T, names ...string) *syncBed {
 func (b *syncBed) args(n *syncNode) []string {
 	args := []string{"--name", n.in.Name, "agent", "--cgroup", n.pod.Cgroup, "--metrics-address", "",
 		"--node-name", n.name, "--sync-listen", n.addr,
-		"--sync-map", filepath.Join(n.churn.Dir, statesync.ChurnMapName()) + ",name=flows,changes=" + n.churn.Dir,
-		"--sync-map", filepath.Join(n.churn.Dir, "users") + ",name=users,poll=100ms",
+		"--sync-map", filepath.Join(n.churn.Dir, statesync.ChurnMapName()) + ",name=flows,changes=" + n.churn.Dir + b.tableOpts,
+		"--sync-map", filepath.Join(n.churn.Dir, "users") + ",name=users,poll=100ms" + b.tableOpts,
 		"--sync-ca", filepath.Join(b.certs, "ca.pem"),
 		"--sync-cert", filepath.Join(b.certs, n.name+".pem"), "--sync-key", filepath.Join(b.certs, n.name+"-key.pem"),
 		"--sync-digest-interval", "500ms", "--sync-bootstrap-timeout", "3s",
@@ -97,7 +113,7 @@ func (b *syncBed) args(n *syncNode) []string {
 			args = append(args, "--sync-peer", o.name+"="+o.addr)
 		}
 	}
-	return append(append(args, b.extra...), n.in.Settings...)
+	return append(append(append(args, b.extra...), b.nodeArgs[n.name]...), n.in.Settings...)
 }
 
 func (b *syncBed) start(n *syncNode) {
@@ -361,8 +377,10 @@ func TestSyncFaults(t *testing.T) {
 		b.start(n)
 		b.bootstrapped()
 		b.converged(30 * time.Second)
-		if got := b.counters(n); got.SnapshotsApplied < 2 {
-			t.Fatalf("the emptied node applied %d snapshots, want one from each peer", got.SnapshotsApplied)
+		// One snapshot can be enough: it says how far its sender had
+		// applied the other peer, which then resends only what follows.
+		if got := b.counters(n); got.SnapshotsApplied < 1 {
+			t.Fatalf("the emptied node applied %d snapshots, want at least one", got.SnapshotsApplied)
 		}
 	})
 }

@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"math/rand/v2"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/cgroups"
+	"github.com/socklane/socklane/internal/statesync"
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// cut drops every packet a host-network node sends (its cgroup) and
+// every packet to its sync port, in the host's namespace; undone when
+// the test ends.
+func (b *syncBed) cut(n *syncNode, on bool) {
+	b.t.Helper()
+	root, err := cgroups.Root()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	rel := strings.TrimPrefix(n.pod.Cgroup, root)
+	_, port, _ := strings.Cut(n.addr, ":")
+	rules := [][]string{
+		{"OUTPUT", "-m", "cgroup", "--path", rel, "-j", "DROP"},
+		{"OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", port, "-j", "DROP"},
+	}
+	for _, r := range rules {
+		op := "-I"
+		if !on {
+			op = "-D"
+		}
+		args := append([]string{"-w", op}, r...)
+		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
+			b.t.Fatalf("iptables %v: %v: %s", args, err, out)
+		}
+		if on {
+			undo := append([]string{"-w", "-D"}, r...)
+			b.t.Cleanup(func() { _ = exec.Command("iptables", undo...).Run() })
+		}
+	}
+}
+
+// waitStatus waits until f holds for a node's sync status.
+func (b *syncBed) waitStatus(n *syncNode, what string, d time.Duration, f func(statesync.Status) bool) statesync.Status {
+	b.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st, err := b.status(n)
+		if err == nil && f(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%s: not %s after %s (%v): %+v\n%s", n.name, what, d, err, st, n.logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestSyncTakeover: an active-standby pair elected through a Lease on the
+// real API server, with a third standby. The standby that wins the lease
+// after the active is killed was cut off while the active wrote its last
+// changes: it must get them (from the other standby) before it takes
+// over, and then the map holds exactly what the dead active wrote.
+func TestSyncTakeover(t *testing.T) {
+	api := testutil.StartAPIServer(t)
+	b := newSyncBedOn(t, true, "node-a", "node-b", "node-c")
+	b.tableOpts = ",mode=active-standby"
+	b.extra = []string{"--kubeconfig", api.Kubeconfig}
+	lease := []string{"--sync-lease", "default/sync-pair", "--sync-lease-duration", "3s", "--sync-takeover-timeout", "30s"}
+	b.nodeArgs["node-a"], b.nodeArgs["node-b"] = lease, lease
+	a, bn, c := b.nodes[0], b.nodes[1], b.nodes[2]
+	b.start(a)
+	b.waitStatus(a, "the lease holder", 20*time.Second, func(st statesync.Status) bool { return st.Takeover.Leader })
+	b.start(bn)
+	b.start(c)
+	// It takes over once it heard from both standbys.
+	b.waitStatus(a, "active", 20*time.Second, func(st statesync.Status) bool { return st.Active })
+	b.bootstrapped()
+	rng := rand.New(rand.NewPCG(11, 12))
+	b.churn(rng, []*syncNode{a}, 2000, 1500)
+	b.converged(20 * time.Second)
+	// The standbys know which node is active (it says so in heartbeats).
+	for _, n := range []*syncNode{bn, c} {
+		b.waitStatus(n, "told node-a is active", 10*time.Second, func(st statesync.Status) bool {
+			for _, p := range st.Peers {
+				if p.Name == "node-a" && p.Active {
+					return true
+				}
+			}
+			return false
+		})
+	}
+
+	// node-b cut off; node-a writes on; node-c gets it all.
+	b.cut(bn, true)
+	b.churn(rng, []*syncNode{a}, 3000, 1500)
+	final := b.dumps(a)
+	deadline := time.Now().Add(20 * time.Second)
+	for d := b.dumps(c); !sameDumps(d, final); d = b.dumps(c) {
+		if time.Now().After(deadline) {
+			t.Fatal("node-c never got node-a's last changes")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if sameDumps(b.dumps(bn), final) {
+		t.Fatal("node-b got node-a's last changes through the cut: the test proves nothing")
+	}
+	b.kill(a)
+	b.cut(bn, false)
+
+	st := b.waitStatus(bn, "active", 60*time.Second, func(st statesync.Status) bool { return st.Active })
+	if !sameDumps(b.dumps(bn), final) {
+		t.Fatal("node-b took over without every change node-a made before it died")
+	}
+	tk := st.Takeover
+	if !tk.Leader || tk.TookOver.Before(tk.Since) {
+		t.Fatalf("takeover: %+v", tk)
+	}
+	took := false
+	for _, p := range st.Peers {
+		if p.Name == "node-c" && strings.Contains(p.Resync, "takeover") {
+			took = true
+		}
+	}
+	if !took {
+		t.Errorf("node-b did not ask node-c for what it missed: %+v", st.Peers)
+	}
+	t.Logf("node-b won the lease %d changes behind, took over %s later", tk.AtLease, tk.TookOver.Sub(tk.Since).Round(time.Millisecond))
+	for _, l := range strings.Split(bn.logs.String(), "\n") {
+		if strings.Contains(l, "sync:") {
+			t.Log(l)
+		}
+	}
+
+	// The new active publishes: node-c follows it.
+	b.churn(rng, []*syncNode{bn}, 500, 1500)
+	b.nodes = []*syncNode{bn, c}
+	b.converged(20 * time.Second)
+	if st, err := b.status(c); err != nil || st.Active {
+		t.Fatalf("node-c (no lease) active: %v %v", st.Active, err)
+	}
+}
+
+func sameDumps(a, b [2]map[string]string) bool {
+	for i := range a {
+		if len(a[i]) != len(b[i]) {
+			return false
+		}
+		for k, v := range a[i] {
+			if b[i][k] != v {
+				return false
+			}
+		}
+	}
+	return true
+}
