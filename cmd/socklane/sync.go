@@ -25,12 +25,14 @@ type syncFlags struct {
 	lease             string
 	leaseDuration     time.Duration
 	takeoverTimeout   time.Duration
+	peersFrom         string
 }
 
 func (f *syncFlags) add(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "sync-listen", "", "replicate eBPF maps with other nodes: listen for peers here (HOST:PORT); needs --node-name, --sync-map, --sync-ca, --sync-cert and --sync-key")
 	fl.StringArrayVar(&f.peers, "sync-peer", nil, "a peer node: NAME=HOST:PORT (repeatable; NAME is the node name in its certificate)")
+	fl.StringVar(&f.peersFrom, "sync-peers-from", "", "find the peers through the API server instead: NAMESPACE/SELECTOR of the agents' pods (a DaemonSet's), each running pod a peer named by its node, at its pod address and the --sync-listen port")
 	fl.StringArrayVar(&f.maps, "sync-map", nil, "a pinned map to replicate: PATH[,name=NAME][,mode=shared|active-standby][,poll=1s][,changes=DIR][,record=N] (repeatable; every node lists the same maps in the same order; changes= names the bpffs directory of the writers' change records, sl_sync.h)")
 	fl.StringVar(&f.ca, "sync-ca", "", "CA certificate (PEM) that signs every node's sync certificate (socklane sync certs makes one)")
 	fl.StringVar(&f.cert, "sync-cert", "", "this node's sync certificate (PEM), naming --node-name; read again at every handshake")
@@ -48,10 +50,13 @@ func (f *syncFlags) add(cmd *cobra.Command) {
 // --sync-lease.
 func (f *syncFlags) config(node string) (*statesync.Config, *statesync.Lease, error) {
 	if f.listen == "" {
-		if len(f.peers)+len(f.maps) > 0 || f.ca+f.cert+f.key+f.lease != "" || f.active {
-			return nil, nil, fmt.Errorf("--sync-peer, --sync-map, --sync-ca, --sync-cert, --sync-key, --sync-active and --sync-lease need --sync-listen (the address peers connect to)")
+		if len(f.peers)+len(f.maps) > 0 || f.ca+f.cert+f.key+f.lease+f.peersFrom != "" || f.active {
+			return nil, nil, fmt.Errorf("--sync-peer, --sync-peers-from, --sync-map, --sync-ca, --sync-cert, --sync-key, --sync-active and --sync-lease need --sync-listen (the address peers connect to)")
 		}
 		return nil, nil, nil
+	}
+	if f.peersFrom != "" && len(f.peers) > 0 {
+		return nil, nil, fmt.Errorf("--sync-peer and --sync-peers-from: give the peers one way")
 	}
 	if f.lease != "" && f.active {
 		return nil, nil, fmt.Errorf("--sync-active and --sync-lease: give one (with a lease the active node is elected)")
@@ -59,7 +64,7 @@ func (f *syncFlags) config(node string) (*statesync.Config, *statesync.Lease, er
 	c := &statesync.Config{
 		Node: node, Listen: f.listen, TLS: statesync.TLSFiles{CA: f.ca, Cert: f.cert, Key: f.key},
 		DigestInterval: f.digest, BootstrapTimeout: f.bootstrap, LogSize: f.logSize, Active: f.active,
-		TakeoverTimeout: f.takeoverTimeout,
+		TakeoverTimeout: f.takeoverTimeout, DiscoverPeers: f.peersFrom != "", PeersFrom: f.peersFrom,
 	}
 	for _, p := range f.peers {
 		peer, err := statesync.ParsePeer(p)

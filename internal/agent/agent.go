@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -178,7 +179,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The API server's services are served with any Kubernetes source (as
 	// before the sync's lease, which alone serves none).
 	kubeSources := cfg.KubeServices || cfg.KubePodSelector != "" || cfg.KubePolicies
-	if kubeSources || cfg.SyncLease != nil {
+	syncKube := cfg.Sync != nil && (cfg.SyncLease != nil || cfg.Sync.DiscoverPeers)
+	if kubeSources || syncKube {
 		if err := cfg.Validate(); err != nil {
 			return err
 		}
@@ -293,7 +295,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}, log)
 		}()
 	}
-	syncDone := make(chan error, 1)
+	syncDone := make(chan error, 3)
 	if syncEngine != nil {
 		ss, err := serveSync(syncEngine, cfg.PinName, log)
 		if err != nil {
@@ -303,6 +305,26 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() { syncDone <- syncEngine.Run(ctx) }()
+		if cfg.Sync.DiscoverPeers {
+			ns, sel, err := kube.ParsePeerSource(cfg.Sync.PeersFrom)
+			if err != nil {
+				return err
+			}
+			_, port, _ := net.SplitHostPort(cfg.Sync.Listen)
+			go func() {
+				err := kube.WatchSyncPeers(ctx, kubeCfg, ns, sel, port, 200*time.Millisecond, func(ps []kube.SyncPeer) {
+					peers := make([]statesync.Peer, 0, len(ps))
+					for _, p := range ps {
+						peers = append(peers, statesync.Peer{Name: p.Node, Address: p.Address})
+					}
+					log.Info("sync peers", "peers", len(peers))
+					syncEngine.SetPeers(peers)
+				}, log)
+				if err != nil {
+					syncDone <- err
+				}
+			}()
+		}
 		if cfg.SyncLease != nil {
 			client, err := kubernetes.NewForConfig(kubeCfg)
 			if err != nil {

@@ -34,6 +34,10 @@ type Config struct {
 	Listen string
 	// Peers are the other nodes (static list).
 	Peers []Peer
+	// DiscoverPeers: the peers come from SetPeers instead, found through
+	// the Kubernetes API as PeersFrom (NAMESPACE/SELECTOR) says.
+	DiscoverPeers bool
+	PeersFrom     string
 	// TLS names the CA, certificate and key files (read again at every
 	// handshake, so a renewed certificate is used without a restart).
 	TLS TLSFiles
@@ -194,6 +198,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.Tables) == 0 {
 		return errors.New("--sync-map: name at least one pinned map to sync")
+	}
+	if c.DiscoverPeers && len(c.Peers) > 0 {
+		return errors.New("--sync-peer and --sync-peers-from: give the peers one way")
 	}
 	seen := map[string]bool{}
 	for _, p := range c.Peers {

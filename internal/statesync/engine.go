@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,7 @@ type Engine struct {
 	// recheck are, per table, keys whose read overlapped a peer's apply,
 	// to be read again.
 	recheck [][][]byte
+	peerset peerSet
 	// lastRefusal says why a peer was last refused.
 	lastRefusal string
 	peers       map[string]*PeerStatus
@@ -89,7 +91,11 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 		booted:       map[string]bool{},
 		active:       cfg.Active,
 	}
-	for _, p := range cfg.Peers {
+	e.peerset.dialers = map[string]context.CancelFunc{}
+	if !cfg.DiscoverPeers {
+		e.peerset.list, e.peerset.known = slices.Clone(cfg.Peers), true
+	}
+	for _, p := range e.peerset.list {
 		e.peers[p.Name] = &PeerStatus{Name: p.Name, Address: p.Address}
 	}
 	for _, t := range cfg.Tables {
@@ -379,11 +385,12 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}
 	})
-	for _, p := range e.cfg.Peers {
-		if e.cfg.Node < p.Name {
-			wg.Go(func() { e.dialLoop(ctx, p) })
-		}
+	e.mu.Lock()
+	e.peerset.runCtx, e.peerset.wg = ctx, &wg
+	for _, p := range e.peerset.list {
+		e.startDialLocked(p)
 	}
+	e.mu.Unlock()
 	wg.Go(func() { e.bootstrap(ctx) })
 	for ti := range e.tables {
 		wg.Go(func() { e.capture(ctx, ti) })
@@ -402,16 +409,21 @@ func (e *Engine) Run(ctx context.Context) error {
 // still coming in when it passes is waited for.
 func (e *Engine) bootstrap(ctx context.Context) {
 	deadline := time.Now().Add(e.cfg.BootstrapTimeout)
-	for len(e.cfg.Peers) > 0 {
+	for {
 		e.mu.Lock()
-		booted, busy := len(e.booted), e.snapshotting
+		booted, busy, known, peers := 0, e.snapshotting, e.peerset.known, len(e.peerset.list)
+		for _, p := range e.peerset.list {
+			if e.booted[p.Name] {
+				booted++
+			}
+		}
 		e.mu.Unlock()
-		if booted >= len(e.cfg.Peers) {
+		if known && booted >= peers {
 			break
 		}
 		if busy == 0 && time.Now().After(deadline) {
 			e.log.Warn("sync: not every peer sent its state in time; reading the local maps anyway",
-				"timeout", e.cfg.BootstrapTimeout, "peers_synced", booted, "peers", len(e.cfg.Peers))
+				"timeout", e.cfg.BootstrapTimeout, "peers_synced", booted, "peers", peers, "peer_list_known", known)
 			break
 		}
 		select {

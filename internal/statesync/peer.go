@@ -84,11 +84,13 @@ func (s *server) Exchange(st grpc.BidiStreamingServer[syncpb.ExchangeRequest, sy
 	}
 	ids := identities(info.State.PeerCertificates[0])
 	name := ""
+	s.e.mu.Lock()
 	for _, id := range ids {
-		if _, listed := s.e.peers[id]; listed {
+		if s.e.listed(id) {
 			name = id
 		}
 	}
+	s.e.mu.Unlock()
 	if name == "" {
 		why := fmt.Sprintf("certificate names %v, no listed peer", ids)
 		s.e.refusedPeer(why)

@@ -117,7 +117,7 @@ func (e *Engine) Status() Status {
 		st.Bootstrapped = true
 	default:
 	}
-	for _, p := range e.cfg.Peers {
+	for _, p := range e.peerset.list {
 		st.Peers = append(st.Peers, *e.peerStatusLocked(p.Name))
 	}
 	for ti, t := range e.tables {

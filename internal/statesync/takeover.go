@@ -157,7 +157,7 @@ func (e *Engine) gate(ctx context.Context) {
 // changes of the last active node this node lacks. e.mu held.
 func (e *Engine) unheardLocked() []string {
 	var out []string
-	for _, p := range e.cfg.Peers {
+	for _, p := range e.peerset.list {
 		if p.Name == e.lastActive {
 			continue
 		}

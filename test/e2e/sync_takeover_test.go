@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
 	"os/exec"
 	"strings"
@@ -10,6 +12,8 @@ import (
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/statesync"
 	"github.com/socklane/socklane/internal/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // cut drops every packet a host-network node sends (its cgroup) and
@@ -156,4 +160,82 @@ func sameDumps(a, b [2]map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestSyncPeersFromAPI: agents find each other as the pods of their
+// DaemonSet (running pods with an address, one per node) through the
+// API server; a pod that goes away drops its node from the others'
+// peers, and coming back brings it in again.
+func TestSyncPeersFromAPI(t *testing.T) {
+	api := testutil.StartAPIServer(t)
+	b := newSyncBedOn(t, true, "node-a", "node-b", "node-c")
+	// One port on every node, as a DaemonSet has; the nodes are loopback
+	// addresses of their own.
+	_, port, _ := strings.Cut(testutil.FreeAddr(t), ":")
+	for i, n := range b.nodes {
+		n.addr = fmt.Sprintf("127.0.0.%d:%s", 2+i, port)
+	}
+	const ns = "socklane-sync"
+	ctx := context.Background()
+	if _, err := api.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	podOf := func(n *syncNode) {
+		t.Helper()
+		host, _, _ := strings.Cut(n.addr, ":")
+		p, err := api.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "agent-" + n.name, Labels: map[string]string{"app": "socklane-agent"}},
+			Spec:       corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{{Name: "agent", Image: "socklane"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: host, PodIPs: []corev1.PodIP{{IP: host}}}
+		if _, err := api.Client.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range b.nodes {
+		podOf(n)
+	}
+	b.extra = []string{"--kubeconfig", api.Kubeconfig, "--sync-peers-from", ns + "/app=socklane-agent"}
+	// The static peers the bed would give are replaced by the pods.
+	for _, n := range b.nodes {
+		args := b.args(n)
+		var kept []string
+		for i := 0; i < len(args); i++ {
+			if args[i] == "--sync-peer" {
+				i++
+				continue
+			}
+			kept = append(kept, args[i])
+		}
+		b.start1(n, kept)
+	}
+	b.bootstrapped()
+	rng := rand.New(rand.NewPCG(13, 14))
+	b.churn(rng, b.nodes, 2000, 1500)
+	b.converged(20 * time.Second)
+	a, c := b.nodes[0], b.nodes[2]
+	if st, err := b.status(a); err != nil || len(st.Peers) != 2 {
+		t.Fatalf("node-a's peers: %+v %v", st.Peers, err)
+	}
+
+	if err := api.Client.CoreV1().Pods(ns).Delete(ctx, "agent-node-c", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitStatus(a, "without node-c", 20*time.Second, func(st statesync.Status) bool {
+		return len(st.Peers) == 1 && st.Peers[0].Name == "node-b"
+	})
+	podOf(c)
+	b.waitStatus(a, "with node-c again", 20*time.Second, func(st statesync.Status) bool {
+		for _, p := range st.Peers {
+			if p.Name == "node-c" && p.Connected {
+				return true
+			}
+		}
+		return false
+	})
+	b.churn(rng, b.nodes, 1000, 1500)
+	b.converged(20 * time.Second)
 }

@@ -118,7 +118,13 @@ func (b *syncBed) args(n *syncNode) []string {
 
 func (b *syncBed) start(n *syncNode) {
 	b.t.Helper()
-	cmd, err := n.pod.Command(n.in.Bin, b.args(n)...)
+	b.start1(n, b.args(n))
+}
+
+// start1 starts a node's agent with these arguments.
+func (b *syncBed) start1(n *syncNode, args []string) {
+	b.t.Helper()
+	cmd, err := n.pod.Command(n.in.Bin, args...)
 	if err != nil {
 		b.t.Fatal(err)
 	}
