@@ -92,6 +92,10 @@ func dryRun(t *testing.T, cs kubernetes.Interface, manifest []byte) []runtime.Ob
 			_, err = cs.RbacV1().ClusterRoles().Create(ctx, o, opts)
 		case *rbacv1.ClusterRoleBinding:
 			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, o, opts)
+		case *rbacv1.Role:
+			_, err = cs.RbacV1().Roles(o.Namespace).Create(ctx, o, opts)
+		case *rbacv1.RoleBinding:
+			_, err = cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, opts)
 		case *appsv1.DaemonSet:
 			_, err = cs.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
 		default:
@@ -174,7 +178,9 @@ func TestDeploy(t *testing.T) {
 			checkMetricsExposure(t, "deploy/kubernetes/socklane.yaml", ds, false)
 		}
 	}
-	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}} {
+	syncSet := map[string]any{"enabled": true, "port": 7400, "certSecret": "socklane-sync", "lease": "lb-pair",
+		"maps": []any{"/sys/fs/bpf/lb/conntrack,changes=/sys/fs/bpf/lb,mode=active-standby"}}
+	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}, {"sync": syncSet}} {
 		chart := renderChart(t, filepath.Join(root, "helm", "socklane"), "sl", "kube-system", set)
 		objs := dryRun(t, api.Client, chart)
 		var args []string
@@ -185,6 +191,26 @@ func TestDeploy(t *testing.T) {
 			}
 		}
 		joined := strings.Join(args, " ")
+		if set["sync"] != nil {
+			for _, want := range []string{"--sync-listen=$(NODE_IP):7400", "--sync-peers-from=kube-system/app.kubernetes.io/name=socklane,app.kubernetes.io/instance=sl",
+				"--sync-cert=/etc/socklane/sync/$(NODE_NAME).pem", "--sync-map=/sys/fs/bpf/lb/conntrack,changes=/sys/fs/bpf/lb,mode=active-standby",
+				"--sync-lease=kube-system/lb-pair"} {
+				if !strings.Contains(joined, want) {
+					t.Errorf("chart with sync: agent args %v lack %s", args, want)
+				}
+			}
+			roles := 0
+			for _, o := range objs {
+				if r, ok := o.(*rbacv1.Role); ok && r.Namespace == "kube-system" && len(r.Rules) == 2 {
+					roles++
+				}
+			}
+			if roles != 1 {
+				t.Errorf("chart with sync: no Role for pods and leases in the release namespace")
+			}
+		} else if strings.Contains(joined, "--sync-") {
+			t.Errorf("chart with %v: sync args %v without sync.enabled", set, args)
+		}
 		if strings.Contains(joined, "--kube-services") != (set["kubeServices"] != false) || strings.Contains(joined, "--pod-selector=app=web") != (set["podSelector"] != nil) ||
 			strings.Contains(joined, "--kube-pod-selector=app=web") != (set["kubePodSelector"] != nil) ||
 			strings.Contains(joined, "--kube-policies") != (set["kubePolicies"] == true) {
