@@ -1,13 +1,5 @@
 #!/usr/bin/env bash
-# Builds buf (protobuf lint, breaking-change check and code generation)
-# from the Go module proxy into a cache keyed by version,
-# /var/cache/socklane/buf-<version>/buf, and prints its path. A cold build
-# takes about two minutes; later runs return at once.
-set -euo pipefail
-version=v1.75.0
-dir="${SOCKLANE_TOOL_CACHE:-/var/cache/socklane}/buf-$version"
-if [ ! -x "$dir/buf" ]; then
-  mkdir -p "$dir"
-  GOBIN="$dir" go install "github.com/bufbuild/buf/cmd/buf@$version" >&2
-fi
-echo "$dir/buf"
+# Prints the path of buf (protobuf lint, breaking-change check and code
+# generation), built once from the Go module proxy (about two minutes
+# cold) and cached by version.
+exec "$(dirname "$0")/go-install-cached.sh" buf github.com/bufbuild/buf/cmd/buf v1.75.0
