@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -389,4 +390,54 @@ func TestSyncFaults(t *testing.T) {
 			t.Fatalf("the emptied node applied %d snapshots, want at least one", got.SnapshotsApplied)
 		}
 	})
+}
+
+// TestSyncBadInput: the agent refuses bad sync settings before it
+// touches the node: a non-zero exit naming the problem and the fix, and
+// no datapath pinned.
+func TestSyncBadInput(t *testing.T) {
+	b := newSyncBed(t, "node-a")
+	n := b.nodes[0]
+	perCPU, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "percpu", Type: ebpf.PerCPUHash, KeySize: 8, ValueSize: 8, MaxEntries: 16, Pinning: ebpf.PinByName},
+		ebpf.MapOptions{PinPath: n.churn.Dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = perCPU.Unpin(); perCPU.Close() }()
+	other := t.TempDir()
+	if err := statesync.MakeCerts(other, []string{"node-z"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	mapArg := filepath.Join(n.churn.Dir, statesync.ChurnMapName())
+	certs := []string{"--sync-ca", filepath.Join(b.certs, "ca.pem"), "--sync-cert", filepath.Join(b.certs, "node-a.pem"), "--sync-key", filepath.Join(b.certs, "node-a-key.pem")}
+	base := func(extra ...string) []string {
+		return append([]string{"agent", "--cgroup", n.pod.Cgroup, "--metrics-address", "", "--node-name", "node-a"}, extra...)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"map without listen", base("--sync-map", mapArg), "need --sync-listen"},
+		{"no such pin", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", "/sys/fs/bpf/sl-no-such-map"}, certs...)...), "pin it first"},
+		{"relative path", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", "flows"}, certs...)...), "must be absolute"},
+		{"bad option", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg + ",mode=primary"}, certs...)...), "neither shared nor active-standby"},
+		{"per-CPU map", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", filepath.Join(n.churn.Dir, "percpu")}, certs...)...), "cannot be synced"},
+		{"no certificates", base("--sync-listen", "127.0.0.1:0", "--sync-map", mapArg), "mutual TLS"},
+		{"another node's certificate", base("--sync-listen", "127.0.0.1:0", "--sync-map", mapArg, "--sync-ca", filepath.Join(other, "ca.pem"),
+			"--sync-cert", filepath.Join(other, "node-z.pem"), "--sync-key", filepath.Join(other, "node-z-key.pem")), "not this node node-a"},
+		{"peer given twice", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg, "--sync-peer", "node-b=127.0.0.1:1", "--sync-peer", "node-b=127.0.0.1:2"}, certs...)...), "given twice"},
+		{"lease without active-standby", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg, "--sync-lease", "default/pair"}, certs...)...), "no --sync-map has mode=active-standby"},
+		{"both peer sources", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg, "--sync-peer", "node-b=127.0.0.1:1", "--sync-peers-from", "ns/app=x"}, certs...)...), "give the peers one way"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := n.in.Run(tc.args...)
+			if err == nil || !strings.Contains(out, tc.want) {
+				t.Fatalf("socklane %v: err %v, output does not say %q:\n%s", tc.args, err, tc.want, out)
+			}
+			if _, err := os.Stat(filepath.Join(bpffs.DefaultPath, n.in.Name)); err == nil {
+				t.Fatalf("a datapath was pinned for instance %s despite the error", n.in.Name)
+			}
+		})
+	}
 }
