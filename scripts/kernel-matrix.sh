@@ -146,7 +146,7 @@ for t in /tests/*.test; do
   args=""
   [ -f "/tests/$name.args" ] && args=$(cat "/tests/$name.args")
   echo "SLK begin $name"
-  cd /tmp && "$t" -test.v -test.timeout 40m $args
+  cd /tmp && "$t" -test.v -test.timeout 50m $args
   r=$?
   echo "SLK end $name $r"
   [ $r = 0 ] || rc=1
