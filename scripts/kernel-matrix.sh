@@ -2,7 +2,7 @@
 # The kernel matrix: boots the kernels clusters run (Debian's 6.1 and 6.12
 # cloud kernels, from their packages; nothing is installed on the host's
 # /boot) in qemu, and runs the datapath's tests inside each: the static test
-# binaries of ./internal/kerneltest, ./internal/datapath, ./internal/sockbugs
+# binaries of ./internal/kerneltest, ./internal/datapath, ./internal/sockbugs, ./internal/statesync
 # and ./test/e2e in a busybox initramfs (these kernels build no 9p: results
 # come back on the serial console). /dev/kvm here cannot run stock kernels, so qemu emulates (TCG).
 #
@@ -51,21 +51,23 @@ if [ ${#kernels[@]} -eq 0 ]; then
 fi
 
 # The tests, static (the guest has no Go toolchain): the kernel-only tests,
-# and the end-to-end tests that prove the datapath (pods on a bridge, the
-# socklane command, bypass integrity, fallbacks, service load balancing,
-# attacks, lifecycle, the default per kernel, capture, metrics, top, the
-# demo, redis, nginx and dnsmasq, the quota attacks with quotas of a few
-# hundred, network policy: three scenarios of the truth table that take
-# every hook and table, the first-packet program included, 3 minutes). The others need what the guest does not carry (containerd, a
+# the state sync's programs, and the end-to-end tests that prove the
+# datapath (pods on a bridge, the socklane command, bypass integrity,
+# fallbacks, service load balancing, attacks, lifecycle, the default per
+# kernel, capture, events, redis and nginx, the quota attacks with quotas
+# of a few hundred, network policy: three scenarios of the truth table
+# that take every hook and table, the first-packet program included, 3
+# minutes). The others need what the guest does not carry (containerd, a
 # Kubernetes API server), do not depend on the kernel (flag and file
-# validation, metrics exposure), or are benchmarks.
-read -r -a bins <<< "${SOCKLANE_MATRIX_TESTS:-kerneltest datapath sockbugs e2e}"
+# validation, metrics exposure, top's screen, the demo's script, service
+# names in DNS: the host runs them), or are benchmarks.
+read -r -a bins <<< "${SOCKLANE_MATRIX_TESTS:-kerneltest datapath sockbugs statesync e2e}"
 e2e_run='^(TestBypassIntegrity|TestBlockingIO|TestLoopbackNamespaceIsolation|TestRemotePeerNotRedirected|TestConnsTable'
 e2e_run+='|TestServiceLB|TestServiceLBEdgeCases|TestServiceBackendRemoval|TestServiceTrackedPrune'
 e2e_run+='|TestBriefConnections|TestNoPeerConnections|TestBacklogGrace|TestFastOpenOrder|TestConnectionTakeover'
 e2e_run+='|TestDetachReclaimsSlots|TestAgentRestartAndDown|TestDownRemovesOnlyOwnPins'
 e2e_run+='|TestAdoptRefusesOtherLayout|TestEvents|TestBypassAuto|TestRedis|TestNginx'
-e2e_run+='|TestCapture|TestServiceDNS|TestAgentMetrics|TestTop|TestDemo|TestOwnerQuotas'
+e2e_run+='|TestCapture|TestOwnerQuotas'
 e2e_run+='|TestPolicyTruthTable)$'
 e2e_run="${SOCKLANE_MATRIX_E2E:-$e2e_run}"
 root="$work/root"
@@ -83,6 +85,10 @@ done
 e2e_flags="-test.short -integrity.conns=32 -integrity.bytes=131072"
 printf '%s\n' "-test.run=$e2e_run $e2e_flags" > "$root/tests/e2e.args"
 echo "-test.short" > "$root/tests/datapath.args"
+# The state sync's programs on each kernel: the batched lookup against
+# each map type, the change records (staged per CPU) and the churn writer (syscall
+# programs, bpf_loop, an mmapable array), three nodes converging.
+echo "-test.run=^(TestBatchReader|TestApplyLastVersionWins|TestConverge|TestStagedWriteReplicates)\$" > "$root/tests/statesync.args"
 
 # Userland: busybox, and the host's own ip, ss, nft, iptables, nsenter,
 # unshare, setpriv and sysctl with the libraries they load (glibc runs on
@@ -278,7 +284,9 @@ if [ -n "$doc" ]; then
     echo "\`internal/kerneltest\` (requirements, datapath load, bypass integrity,"
     echo "blocking fallback, service load balancing), \`internal/datapath\` (maps,"
     echo "applies, layout, feature probes), \`internal/sockbugs\` (the known sockmap"
-    echo "bugs, found by behaviour) and the end-to-end tests that prove the datapath"
+    echo "bugs, found by behaviour), \`internal/statesync\` (the state sync's programs:"
+    echo "the batched lookup, change records, three nodes converging) and the"
+    echo "end-to-end tests that prove the datapath"
     echo "with pods on a bridge and the \`socklane\` command:"
     echo
     echo "\`$e2e_run\`"
@@ -287,7 +295,8 @@ if [ -n "$doc" ]; then
     echo "the guest's CPU is emulated; the host proves the scale). The"
     echo "other end-to-end tests need what the guest does not carry (containerd, a"
     echo "Kubernetes API server), do not depend on the kernel"
-    echo "(flag and file validation, metrics exposure), or are benchmarks; the quota"
+    echo "(flag and file validation, metrics exposure, top's screen, the demo's script,"
+    echo "service names in DNS), or are benchmarks; the quota"
     echo "attacks (\`TestOwnerQuotas\`) run there with quotas of a few hundred, loaded"
     echo "through the flags. The host kernel runs the whole suite."
     echo "Debian 11's 5.10 lacks"

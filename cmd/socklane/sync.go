@@ -102,9 +102,9 @@ func (f *syncFlags) config(node string) (*statesync.Config, *statesync.Lease, er
 func newSyncCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sync",
-		Short: "State sync of eBPF maps between nodes: status, certificates",
+		Short: "State sync of eBPF maps between nodes: status, events, certificates",
 	}
-	cmd.AddCommand(newSyncStatusCmd(g), newSyncCertsCmd())
+	cmd.AddCommand(newSyncStatusCmd(g), newSyncEventsCmd(g), newSyncCertsCmd())
 	return cmd
 }
 
@@ -130,6 +130,48 @@ func newSyncStatusCmd(g *globals) *cobra.Command {
 			return fmt.Errorf("-o %s: want text or json", g.output)
 		},
 	}
+	return cmd
+}
+
+func newSyncEventsCmd(g *globals) *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use:   "events",
+		Short: "What happened to the running agent's sync: peers connected, refused or silent, resyncs and why, divergence, snapshots, lost change records, takeover",
+		Long: `Prints the events the agent keeps (its last 1,024), one line each (-o json:
+one JSON object per line); with -f, then waits for more until interrupted.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if g.output != "" && g.output != "text" && g.output != "json" {
+				return fmt.Errorf("-o %s: want text or json", g.output)
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			var seq uint64
+			for wait := false; ; wait = true {
+				evs, err := agent.ReadSyncEvents(cmd.Context(), g.name, seq, wait)
+				if err != nil {
+					if cmd.Context().Err() != nil {
+						return nil
+					}
+					return err
+				}
+				for _, ev := range evs {
+					if g.output == "json" {
+						if err := enc.Encode(ev); err != nil {
+							return err
+						}
+					} else {
+						fmt.Fprintln(cmd.OutOrStdout(), ev)
+					}
+					seq = ev.Seq
+				}
+				if !follow {
+					return nil
+				}
+			}
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "wait for more events until interrupted")
 	return cmd
 }
 

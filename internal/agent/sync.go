@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/socklane/socklane/internal/node"
@@ -54,6 +56,30 @@ func serveSync(e *statesync.Engine, name string, log *slog.Logger) (*syncServer,
 			log.Debug("writing the sync status", "err", err)
 		}
 	})
+	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
+		after, err := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+		if err != nil {
+			http.Error(w, "after: want a sequence number", http.StatusBadRequest)
+			return
+		}
+		var wait time.Duration
+		if v := r.URL.Query().Get("wait"); v != "" {
+			if wait, err = time.ParseDuration(v); err != nil || wait < 0 || wait > time.Minute {
+				http.Error(w, "wait: want a duration up to 1m", http.StatusBadRequest)
+				return
+			}
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		defer cancel()
+		evs := e.Events(ctx, after, wait > 0)
+		if evs == nil {
+			evs = []statesync.Event{}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if err := json.NewEncoder(w).Encode(evs); err != nil {
+			log.Debug("writing the sync events", "err", err)
+		}
+	})
 	s := &syncServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -72,24 +98,47 @@ func (s *syncServer) close() {
 // ReadSyncStatus asks the running agent of instance name.
 func ReadSyncStatus(ctx context.Context, name string) (statesync.Status, error) {
 	var st statesync.Status
-	path := SyncSocket(name)
-	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+	err := askSync(ctx, name, "/status", 5*time.Second, &st)
+	return st, err
+}
+
+// ReadSyncEvents asks the running agent of instance name for the sync
+// events after seq (0: every one it keeps); with wait, it waits up to
+// 30 seconds for one.
+func ReadSyncEvents(ctx context.Context, name string, seq uint64, wait bool) ([]statesync.Event, error) {
+	var evs []statesync.Event
+	q := url.Values{"after": {strconv.FormatUint(seq, 10)}}
+	if wait {
+		q.Set("wait", "30s")
+	}
+	err := askSync(ctx, name, "/events?"+q.Encode(), 40*time.Second, &evs)
+	return evs, err
+}
+
+// askSync gets path from the agent's sync socket and decodes the JSON
+// answer into out.
+func askSync(ctx context.Context, name, path string, timeout time.Duration, out any) error {
+	sock := SyncSocket(name)
+	c := http.Client{Timeout: timeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
+			return d.DialContext(ctx, "unix", sock)
 		},
 	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+path, nil)
 	if err != nil {
-		return st, err
+		return err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return st, fmt.Errorf("asking the agent at %s: %w (is `socklane agent --sync-listen ...` running for --name %s?)", path, err, name)
+		return fmt.Errorf("asking the agent at %s: %w (is `socklane agent --sync-listen ...` running for --name %s?)", sock, err, name)
 	}
 	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return st, fmt.Errorf("reading the sync status: %w", err)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("asking the agent at %s: %s", sock, resp.Status)
 	}
-	return st, nil
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("reading the agent's answer: %w", err)
+	}
+	return nil
 }

@@ -272,7 +272,9 @@ func (b *syncBench) waitBootstrapped() error {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			st, err := b.status(n)
-			if err == nil && st.Bootstrapped {
+			// Bootstrapped, and the first read of its own map done: the
+			// next run does not share the machine with a start.
+			if err == nil && st.Bootstrapped && st.Counters.Polls > 0 {
 				break
 			}
 			if time.Now().After(deadline) || b.ctx.Err() != nil {

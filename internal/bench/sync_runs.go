@@ -157,15 +157,19 @@ func isMissing(err error) bool {
 }
 
 // captureCost runs the writing program (256 writes a run) with and
-// without change records, interleaved, and returns its run time per
-// write from the kernel's statistics.
+// without change records in 8 rounds, the order of the two swapped every
+// round (ABBA) so that a drift of the machine's speed falls on both, and
+// returns the medians of the rounds' run time per write, from the
+// kernel's statistics.
 func (b *syncBench) captureCost(rep uint64) (float64, float64, error) {
 	a := b.nodes[0]
 	prog := a.churn.Program()
-	var ns, runs [2]float64
-	per := b.o.CaptureWrites / 4
-	for round := range 4 {
-		for mode := range 2 {
+	const rounds = 8
+	var perWrite [2][]float64
+	per := max(b.o.CaptureWrites/rounds, statesync.ChurnBatch)
+	for round := range rounds {
+		for i := range 2 {
+			mode := i ^ round%2
 			before, err := prog.Stats()
 			if err != nil {
 				return 0, 0, fmt.Errorf("reading the program's statistics: %w", err)
@@ -180,11 +184,10 @@ func (b *syncBench) captureCost(rep uint64) (float64, float64, error) {
 			if err != nil {
 				return 0, 0, err
 			}
-			ns[mode] += float64((after.Runtime - before.Runtime).Nanoseconds())
-			runs[mode] += float64(per)
+			perWrite[mode] = append(perWrite[mode], float64((after.Runtime-before.Runtime).Nanoseconds())/float64(per))
 		}
 	}
-	return ns[0] / runs[0], ns[1] / runs[1], nil
+	return median(perWrite[0]), median(perWrite[1]), nil
 }
 
 // initial empties both maps, fills A's with Initial entries from user

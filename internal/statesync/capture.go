@@ -2,7 +2,6 @@ package statesync
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +14,17 @@ import (
 )
 
 const readBatch = 4096
+
+// How often the change records are read: while they flow, and once none
+// came for a while (the writer does not wake the reader).
+const (
+	recordPoll      = time.Millisecond
+	recordIdlePoll  = 10 * time.Millisecond
+	recordIdleAfter = 100 * time.Millisecond
+	// recordsPerRead bounds the keys taken from the ring at once; when
+	// it held more, the next read follows without a pause.
+	recordsPerRead = 8192
+)
 
 // scanMap reads every key and value of a map in batches (batched
 // lookups where the map type has them, else one key at a time) and hands
@@ -148,7 +158,7 @@ func (e *Engine) rescan(ti int) error {
 			changed++
 			switch {
 			case publish:
-				e.record(ti, clone(k), clone(vals[i]), false, now)
+				e.record(ti, string(k), clone(vals[i]), false, now)
 				t.entries[string(k)].mark = mark
 			case en != nil && !en.deleted:
 				fixes = append(fixes, change{key: clone(k), value: en.value})
@@ -173,7 +183,7 @@ func (e *Engine) rescan(ti int) error {
 		}
 		changed++
 		if publish {
-			e.record(ti, []byte(k), nil, true, now)
+			e.record(ti, k, nil, true, now)
 		} else {
 			fixes = append(fixes, change{key: []byte(k), value: en.value})
 		}
@@ -192,23 +202,28 @@ func (e *Engine) rescan(ti int) error {
 // follow reads change records until ctx ends; it returns an error when
 // the ring buffer cannot be used.
 func (e *Engine) follow(ctx context.Context, ti int, tc TableConfig) error {
-	ringPin, lostPin, err := changePins(tc.Changes)
+	pins, err := changePins(tc.Changes)
 	if err != nil {
 		return err
 	}
-	ringMap, err := ebpf.LoadPinnedMap(ringPin, nil)
+	ringMap, err := ebpf.LoadPinnedMap(pins.ring, nil)
 	if err != nil {
-		return fmt.Errorf("opening the change records %s: %w", ringPin, err)
+		return fmt.Errorf("opening the change records %s: %w", pins.ring, err)
 	}
 	defer ringMap.Close()
-	lostMap, err := ebpf.LoadPinnedMap(lostPin, nil)
+	lostMap, err := ebpf.LoadPinnedMap(pins.lost, nil)
 	if err != nil {
-		return fmt.Errorf("opening the loss counter %s: %w", lostPin, err)
+		return fmt.Errorf("opening the loss counter %s: %w", pins.lost, err)
 	}
 	defer lostMap.Close()
+	stages, err := openStages(pins.stages)
+	if err != nil {
+		return err
+	}
+	defer stages.close()
 	rd, err := ringbuf.NewReader(ringMap)
 	if err != nil {
-		return fmt.Errorf("reading %s: %w", ringPin, err)
+		return fmt.Errorf("reading %s: %w", pins.ring, err)
 	}
 	go func() {
 		<-ctx.Done()
@@ -225,12 +240,31 @@ func (e *Engine) follow(ctx context.Context, ti int, tc TableConfig) error {
 		return err
 	}
 	var rec ringbuf.Record
-	keys := make([][]byte, 0, 4096)
+	keys := make([][]byte, 0, recordsPerRead+int(churnSlSyncLimitsSL_SYNC_STAGE_BYTES))
 	ks := int(e.maps[ti].KeySize())
-	for {
-		rd.SetDeadline(time.Now().Add(100 * time.Millisecond))
+	// Records come without a wakeup (sl_sync.h submits them with
+	// BPF_RB_NO_WAKEUP: a wakeup for every record that finds the reader
+	// caught up cost the writer more than the record itself), so the
+	// ring is read every recordPoll while records flow, and every
+	// recordIdlePoll once none came for recordIdleAfter.
+	// The reader's own deadline cannot be the pause: the kernel waits
+	// whole milliseconds, and one under 1 ms does not wait at all.
+	poll, lastRecord := recordPoll, time.Now()
+	pause := time.NewTimer(poll)
+	defer pause.Stop()
+	for full := false; ; {
+		if !full {
+			pause.Reset(poll)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-pause.C:
+			}
+		}
+		// What the ring holds now, without waiting.
+		rd.SetDeadline(time.Now())
 		keys = keys[:0]
-		for len(keys) < cap(keys) {
+		for len(keys) < recordsPerRead {
 			if err := rd.ReadInto(&rec); err != nil {
 				if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ringbuf.ErrFlushed) {
 					break
@@ -240,14 +274,23 @@ func (e *Engine) follow(ctx context.Context, ti int, tc TableConfig) error {
 				}
 				return err
 			}
-			if k, ok := recordKey(rec.RawSample, tc.Record, ks); ok {
-				keys = append(keys, k)
-			}
-			rd.SetDeadline(time.Now())
+			keys = recordKeys(rec.RawSample, tc.Record, ks, keys)
+		}
+		full = len(keys) >= recordsPerRead
+		// Records still staged on their CPUs (read after the ring: a
+		// stage written out meanwhile is in the ring's next read).
+		if err := stages.read(func(raw []byte) { keys = recordKeys(raw, tc.Record, ks, keys) }); err != nil {
+			return err
+		}
+		switch now := time.Now(); {
+		case len(keys) > 0:
+			poll, lastRecord = recordPoll, now
+		case now.Sub(lastRecord) > recordIdleAfter:
+			poll = recordIdlePoll
 		}
 		if n := lost(); n != seenLost {
 			e.stats.lost.Add(n - seenLost)
-			e.log.Warn("sync: change records lost, reading the whole map", "table", tc.Name, "lost", n-seenLost)
+			e.event(EventRecordsLost, "", tc.Name, fmt.Sprintf("%d change records lost (the ring buffer was full): reading the whole map", n-seenLost), "lost", n-seenLost)
 			seenLost = n
 			if err := e.rescan(ti); err != nil {
 				return err
@@ -274,9 +317,6 @@ type change struct {
 	key, value []byte
 }
 
-// recordHeader is the size of struct sl_sync_record.
-var recordHeader = binary.Size(churnSlSyncRecord{})
-
 // distinct drops repeated keys (a key written many times is read once).
 func distinct(keys [][]byte) [][]byte {
 	seen := make(map[string]bool, len(keys))
@@ -288,22 +328,6 @@ func distinct(keys [][]byte) [][]byte {
 		}
 	}
 	return out
-}
-
-// recordKey is the key a change record of table names (its size must be
-// the map's).
-func recordKey(raw []byte, table uint32, keySize int) ([]byte, bool) {
-	var h churnSlSyncRecord
-	if len(raw) < recordHeader {
-		return nil, false
-	}
-	if _, err := binary.Decode(raw[:recordHeader], binary.NativeEndian, &h); err != nil || h.Table != table {
-		return nil, false
-	}
-	if int(h.KeyLen) != keySize || recordHeader+keySize > len(raw) {
-		return nil, false
-	}
-	return append([]byte(nil), raw[recordHeader:recordHeader+keySize]...), true
 }
 
 // publishKeys reads the keys' values now and makes changes of those
@@ -319,16 +343,20 @@ func (e *Engine) publishKeys(ti int, keys [][]byte) error {
 	vals := make([][]byte, len(keys))
 	vs := int(m.ValueSize())
 	buf := make([]byte, vs*len(keys))
-	for i, k := range keys {
-		v := buf[i*vs : (i+1)*vs : (i+1)*vs]
-		err := m.Lookup(k, v)
-		switch {
-		case err == nil:
-			vals[i] = v
-		case errors.Is(err, ebpf.ErrKeyNotExist):
-		default:
-			return fmt.Errorf("reading %s: %w", t.name, err)
+	keep := func(i int, v []byte) {
+		if v != nil {
+			vals[i] = buf[i*vs : (i+1)*vs : (i+1)*vs]
+			copy(vals[i], v)
 		}
+	}
+	var err error
+	if r := e.readers[ti]; r != nil {
+		err = r.read(keys, keep)
+	} else {
+		err = lookupKeys(m, keys, keep)
+	}
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", t.name, err)
 	}
 	now := time.Now().UnixNano()
 	e.mu.Lock()
@@ -365,7 +393,7 @@ func (e *Engine) publishKeys(ti int, keys [][]byte) error {
 			e.recheck[ti] = append(e.recheck[ti], c.key)
 			continue
 		}
-		e.record(ti, c.key, c.value, c.value == nil, now)
+		e.record(ti, string(c.key), c.value, c.value == nil, now)
 		n++
 	}
 	if n > 0 {

@@ -35,17 +35,26 @@ func ChurnMapName() string {
 	return m.SlChurn.Name
 }
 
-// changePins are the pins of the change records and their loss counter.
-func changePins(dir string) (ring, lost string, err error) {
+// recordPins are the pins, in a changes= directory, of the change
+// records, their loss counter and the CPUs' stages.
+type recordPins struct {
+	ring, lost, stages string
+}
+
+func changePins(dir string) (recordPins, error) {
 	spec, err := loadChurn()
 	if err != nil {
-		return "", "", err
+		return recordPins{}, err
 	}
 	var m churnMapSpecs
 	if err := spec.Assign(&m); err != nil {
-		return "", "", err
+		return recordPins{}, err
 	}
-	return filepath.Join(dir, m.SlSyncChanges.Name), filepath.Join(dir, m.SlSyncLost.Name), nil
+	return recordPins{
+		ring:   filepath.Join(dir, m.SlSyncChanges.Name),
+		lost:   filepath.Join(dir, m.SlSyncLost.Name),
+		stages: filepath.Join(dir, m.SlSyncStages.Name),
+	}, nil
 }
 
 // OpenChurn loads the writer, pinning (or reusing) its maps in dir.
@@ -62,7 +71,7 @@ func OpenChurn(dir string, ringBytes uint32) (*Churn, error) {
 	if err := spec.Assign(&ms); err != nil {
 		return nil, err
 	}
-	for _, m := range []*ebpf.MapSpec{ms.SlChurn, ms.SlSyncChanges, ms.SlSyncLost} {
+	for _, m := range []*ebpf.MapSpec{ms.SlChurn, ms.SlSyncChanges, ms.SlSyncLost, ms.SlSyncStages} {
 		m.Pinning = ebpf.PinByName
 	}
 	if ringBytes != 0 {
@@ -97,7 +106,7 @@ func (c *Churn) WriteRange(key uint64, count int, val ChurnVal, del, capture boo
 	if capture {
 		a.Capture = 1
 	}
-	if _, err := c.objs.SlChurnWrite.Run(&ebpf.RunOptions{Context: &a}); err != nil {
+	if _, err := c.objs.SlChurnWrite.Run(&ebpf.RunOptions{Context: &a, ContextOut: &a}); err != nil {
 		return fmt.Errorf("running the churn program: %w", err)
 	}
 	if a.Ret != 0 && (!del || a.Ret != -2) {
@@ -118,7 +127,7 @@ func (c *Churn) Close() error { return c.objs.Close() }
 // Unpin removes the pins and the directory.
 func (c *Churn) Unpin() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{c.objs.SlChurn, c.objs.SlSyncChanges, c.objs.SlSyncLost} {
+	for _, m := range []*ebpf.Map{c.objs.SlChurn, c.objs.SlSyncChanges, c.objs.SlSyncLost, c.objs.SlSyncStages} {
 		if m != nil {
 			errs = append(errs, m.Unpin())
 		}

@@ -41,9 +41,12 @@ type churnSlChurnVal struct {
 type churnSlSyncLimits uint32
 
 const (
-	churnSlSyncLimitsSL_SYNC_MAX_KEY    churnSlSyncLimits = 64
-	churnSlSyncLimitsSL_SYNC_RING_BYTES churnSlSyncLimits = 33554432
-	churnSlSyncLimitsSL_CHURN_BATCH     churnSlSyncLimits = 256
+	churnSlSyncLimitsSL_SYNC_MAX_KEY     churnSlSyncLimits = 64
+	churnSlSyncLimitsSL_SYNC_RING_BYTES  churnSlSyncLimits = 33554432
+	churnSlSyncLimitsSL_CHURN_BATCH      churnSlSyncLimits = 256
+	churnSlSyncLimitsSL_SYNC_IO_BYTES    churnSlSyncLimits = 1048576
+	churnSlSyncLimitsSL_SYNC_MAX_VALUE   churnSlSyncLimits = 4096
+	churnSlSyncLimitsSL_SYNC_STAGE_BYTES churnSlSyncLimits = 1024
 )
 
 type churnSlSyncRecord struct {
@@ -53,6 +56,14 @@ type churnSlSyncRecord struct {
 	Key    [0]uint8
 }
 
+type churnSlSyncStage struct {
+	_       structs.HostLayout
+	Busy    uint32
+	Len     uint32
+	Appends uint64
+	Records [1024]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -60,6 +71,7 @@ const (
 	churnMapSlChurn           = "sl_churn"
 	churnMapSlSyncChanges     = "sl_sync_changes"
 	churnMapSlSyncLost        = "sl_sync_lost"
+	churnMapSlSyncStages      = "sl_sync_stages"
 	churnProgSlChurnWrite     = "sl_churn_write"
 	churnVarSlSyncEnumsUnused = "sl_sync_enums_unused"
 )
@@ -116,6 +128,7 @@ type churnMapSpecs struct {
 	SlChurn       *ebpf.MapSpec `ebpf:"sl_churn"`
 	SlSyncChanges *ebpf.MapSpec `ebpf:"sl_sync_changes"`
 	SlSyncLost    *ebpf.MapSpec `ebpf:"sl_sync_lost"`
+	SlSyncStages  *ebpf.MapSpec `ebpf:"sl_sync_stages"`
 }
 
 // churnVariableSpecs contains global variables before they are loaded into the kernel.
@@ -148,6 +161,7 @@ type churnMaps struct {
 	SlChurn       *ebpf.Map `ebpf:"sl_churn"`
 	SlSyncChanges *ebpf.Map `ebpf:"sl_sync_changes"`
 	SlSyncLost    *ebpf.Map `ebpf:"sl_sync_lost"`
+	SlSyncStages  *ebpf.Map `ebpf:"sl_sync_stages"`
 }
 
 func (m *churnMaps) Close() error {
@@ -155,6 +169,7 @@ func (m *churnMaps) Close() error {
 		m.SlChurn,
 		m.SlSyncChanges,
 		m.SlSyncLost,
+		m.SlSyncStages,
 	)
 }
 

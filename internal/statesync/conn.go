@@ -58,7 +58,7 @@ func (c *conn) sendLoop(ctx context.Context) error {
 		}
 		e.mu.Unlock()
 		if len(batch) > 0 {
-			if err := c.st.send(&syncpb.Frame{Body: &syncpb.Frame_Changes{Changes: &syncpb.Changes{FirstSeq: c.cursor + 1, Entries: batch}}}); err != nil {
+			if err := c.st.send(&syncpb.Frame{Body: &syncpb.Frame_Changes{Changes: &syncpb.Changes{FirstSeq: c.cursor + 1, Batches: pack(batch)}}}); err != nil {
 				return err
 			}
 			c.cursor += uint64(len(batch))
@@ -94,15 +94,15 @@ func (c *conn) sendSnapshot() error {
 	entries, seq := e.snapshot()
 	applied := e.appliedList()
 	e.mu.Unlock()
-	chunk := make([]*syncpb.Entry, 0, chunkEntries)
+	chunk := make([]rec, 0, chunkEntries)
 	for i := 0; ; i += chunkEntries {
 		j := min(i+chunkEntries, len(entries))
 		last := j == len(entries)
 		chunk = chunk[:0]
 		for _, r := range entries[i:j] {
-			chunk = append(chunk, r.proto())
+			chunk = append(chunk, r.rec())
 		}
-		snap := &syncpb.Snapshot{Entries: chunk, Last: last, Seq: seq, Total: uint64(len(entries))}
+		snap := &syncpb.Snapshot{Batches: pack(chunk), Last: last, Seq: seq, Total: uint64(len(entries))}
 		if last {
 			snap.Applied = applied
 		}
@@ -116,7 +116,7 @@ func (c *conn) sendSnapshot() error {
 	}
 	c.cursor = seq
 	e.stats.snapshotsSent.Add(1)
-	e.log.Info("sync: snapshot sent", "peer", c.peer, "entries", len(entries), "seq", seq)
+	e.event(EventSnapshotSent, c.peer, "", fmt.Sprintf("snapshot sent: %d entries up to change %d", len(entries), seq), "entries", len(entries), "seq", seq)
 	return nil
 }
 
@@ -209,12 +209,18 @@ func (c *conn) onChanges(ch *syncpb.Changes) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if c.awaiting {
-		e.stats.dropped.Add(uint64(len(ch.GetEntries())))
+		e.stats.dropped.Add(uint64(countBatches(ch.GetBatches())))
 		return nil
 	}
 	applied := e.applied[c.remote]
 	first := ch.GetFirstSeq()
-	entries := ch.GetEntries()
+	entries, err := unpack(ch.GetBatches(), e.schemas(), nil)
+	if err != nil {
+		return fmt.Errorf("changes from %s: %w", c.peer, err)
+	}
+	if len(entries) == 0 {
+		return nil
+	}
 	if first > applied+1 {
 		e.stats.dropped.Add(uint64(len(entries)))
 		e.stats.resyncs.Add(1)
@@ -237,7 +243,7 @@ func (c *conn) onChanges(ch *syncpb.Changes) error {
 	c.peerSeq = max(c.peerSeq, e.applied[c.remote])
 	ps := e.peerStatusLocked(c.peer)
 	ps.PeerSeq = c.peerSeq
-	if cap := entries[len(entries)-1].GetCapturedUnixNano(); cap > 0 {
+	if cap := entries[len(entries)-1].captured; cap > 0 {
 		ps.LagSeconds = time.Since(time.Unix(0, cap)).Seconds()
 	}
 	ps.Behind = subOrZero(ps.PeerSeq, e.applied[c.remote])
@@ -264,12 +270,16 @@ func (c *conn) onSnapshot(s *syncpb.Snapshot) error {
 			}
 		}
 	}
-	for _, en := range s.GetEntries() {
-		if m := c.candidates[int(en.GetTable())]; m != nil {
-			delete(m, string(en.GetKey()))
+	entries, err := unpack(s.GetBatches(), e.schemas(), nil)
+	if err != nil {
+		return fmt.Errorf("snapshot from %s: %w", c.peer, err)
+	}
+	for _, r := range entries {
+		if m := c.candidates[int(r.table)]; m != nil {
+			delete(m, string(r.key))
 		}
 	}
-	if _, err := e.apply(s.GetEntries()); err != nil {
+	if _, err := e.apply(entries); err != nil {
 		return err
 	}
 	if !s.GetLast() {
@@ -280,7 +290,8 @@ func (c *conn) onSnapshot(s *syncpb.Snapshot) error {
 	}
 	c.candidates = nil
 	e.snapshotting--
-	e.log.Info("sync: snapshot applied", "peer", c.peer, "entries", s.GetTotal(), "seq", s.GetSeq(), "took", time.Since(c.snapStart).Round(time.Millisecond))
+	took := time.Since(c.snapStart).Round(time.Millisecond)
+	e.event(EventSnapshotApplied, c.peer, "", fmt.Sprintf("snapshot applied: %d entries up to change %d in %v", s.GetTotal(), s.GetSeq(), took), "entries", s.GetTotal(), "seq", s.GetSeq(), "took", took)
 	e.applied[c.remote] = s.GetSeq()
 	c.peerSeq = max(c.peerSeq, s.GetSeq())
 	// The snapshot holds the effects of every change the peer had
@@ -333,6 +344,7 @@ func (c *conn) onDigest(d *syncpb.Digest) {
 	c.mismatches = 0
 	e.stats.diverged.Add(1)
 	e.stats.resyncs.Add(1)
+	e.event(EventDiverged, c.peer, "", "digests differ twice in a row: this node's copy of the peer's entries diverged")
 	e.noteResync(c.peer, "digest mismatch: this node's copy of the peer's entries diverged")
 	c.askResync(syncpb.ResyncRequest_REASON_DIVERGED)
 }

@@ -17,8 +17,8 @@ import (
 )
 
 // ProtocolVersion is the version of proto/socklane/sync/v1 this node
-// speaks.
-const ProtocolVersion = 1
+// speaks: 2 sends entries packed by column (EntryBatch).
+const ProtocolVersion = 2
 
 // Engine is one node's state sync.
 type Engine struct {
@@ -28,11 +28,13 @@ type Engine struct {
 
 	origin originID
 
-	mu      sync.Mutex
-	clock   uint64 // Lamport clock: the highest generation seen
-	rlog    *resendLog
-	tables  []*table
-	maps    []*ebpf.Map
+	mu     sync.Mutex
+	clock  uint64 // Lamport clock: the highest generation seen
+	rlog   *resendLog
+	tables []*table
+	maps   []*ebpf.Map
+	// readers read given keys of each map in batches (nil: key by key).
+	readers []*batchReader
 	applied map[originID]uint64 // how far each origin's changes are applied
 	conns   map[string]*conn    // live streams by peer name
 	active  bool
@@ -48,6 +50,7 @@ type Engine struct {
 	// lastRefusal says why a peer was last refused.
 	lastRefusal string
 	peers       map[string]*PeerStatus
+	events      *eventLog
 	wake        chan struct{} // closed and replaced when the log grows
 
 	// bootstrapped is closed once every peer sent its snapshot, or the
@@ -89,6 +92,7 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 		wake:         make(chan struct{}),
 		bootstrapped: make(chan struct{}),
 		booted:       map[string]bool{},
+		events:       newEventLog(),
 		active:       cfg.Active,
 	}
 	e.peerset.dialers = map[string]context.CancelFunc{}
@@ -111,6 +115,11 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 			return nil, fmt.Errorf("--sync-map %s: %w", t.Path, err)
 		}
 		e.tables = append(e.tables, newTable(t.Name, s))
+		r, err := newBatchReader(m)
+		if err != nil {
+			log.Info("sync: reading changed keys one at a time", "table", t.Name, "reason", err)
+		}
+		e.readers = append(e.readers, r)
 	}
 	e.recheck = make([][][]byte, len(e.tables))
 	return e, nil
@@ -118,6 +127,9 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 
 // Close releases the maps.
 func (e *Engine) Close() {
+	for _, r := range e.readers {
+		r.close()
+	}
 	for _, m := range e.maps {
 		m.Close()
 	}
@@ -135,17 +147,14 @@ func (e *Engine) publishes(ti int) bool {
 
 // record makes a local write a change: a new version of the key,
 // appended to the log. e.mu held.
-func (e *Engine) record(ti int, key, value []byte, deleted bool, captured int64) {
+func (e *Engine) record(ti int, key string, value []byte, deleted bool, captured int64) {
 	e.clock++
 	en := &entry{value: value, deleted: deleted, ver: version{gen: e.clock, writer: e.origin}, captured: captured}
 	if deleted {
-		en.value, en.died = nil, time.Now()
+		en.value, en.died = nil, time.Now().UnixNano()
 	}
 	e.tables[ti].merge(key, en)
-	e.rlog.append(&syncpb.Entry{
-		Table: uint32(ti), Key: key, Value: en.value, Deleted: deleted,
-		Version: &syncpb.Version{Generation: en.ver.gen, Writer: e.origin.proto()}, CapturedUnixNano: captured,
-	})
+	e.rlog.append(logged{table: uint32(ti), key: key, en: en})
 	e.stats.published.Add(1)
 }
 
@@ -180,9 +189,18 @@ func (e *Engine) Publish(tableName string, key, value []byte) error {
 	if err != nil {
 		return fmt.Errorf("writing %s: %w", tableName, err)
 	}
-	e.record(ti, clone(key), clone(value), value == nil, time.Now().UnixNano())
+	e.record(ti, string(key), clone(value), value == nil, time.Now().UnixNano())
 	e.notify()
 	return nil
+}
+
+// schemas are the tables' schemas, in order.
+func (e *Engine) schemas() []*syncpb.TableSchema {
+	out := make([]*syncpb.TableSchema, len(e.tables))
+	for i, t := range e.tables {
+		out[i] = t.schema
+	}
+	return out
 }
 
 func (e *Engine) tableIndex(name string) int {
@@ -211,48 +229,38 @@ func (e *Engine) nextMark() uint64 {
 
 // apply merges a peer's versions into the tables and writes those that
 // win to the maps, in batches. It returns how many won. e.mu held.
-func (e *Engine) apply(entries []*syncpb.Entry) (int, error) {
+func (e *Engine) apply(recs []rec) (int, error) {
 	won := 0
-	now := time.Now()
+	now := time.Now().UnixNano()
 	w := newMapWriter(len(e.tables))
-	for _, pe := range entries {
-		ti := int(pe.GetTable())
-		if ti >= len(e.tables) {
-			e.stats.dropped.Add(1)
-			continue
+	for _, r := range recs {
+		t := e.tables[r.table]
+		if r.ver.gen > e.clock {
+			e.clock = r.ver.gen
 		}
-		t := e.tables[ti]
-		v := version{gen: pe.GetVersion().GetGeneration(), writer: fromProto(pe.GetVersion().GetWriter())}
-		if v.gen > e.clock {
-			e.clock = v.gen
-		}
-		en := &entry{value: pe.GetValue(), deleted: pe.GetDeleted(), ver: v, epoch: t.epoch, captured: pe.GetCapturedUnixNano(), applied: now}
+		en := &entry{deleted: r.deleted, ver: r.ver, epoch: t.epoch, captured: r.captured}
 		if en.deleted {
-			en.value, en.died = nil, now
+			en.died = now
+		} else {
+			en.value = clone(r.value)
 		}
-		if !t.merge(pe.GetKey(), en) {
+		cur, ok := t.merge(string(r.key), en)
+		if !ok {
 			e.stats.stale.Add(1)
 			continue
 		}
 		won++
-		w.add(ti, pe.GetKey(), en)
+		w.replace(int(r.table), r.key, en, cur)
 	}
 	e.stats.applied.Add(uint64(won))
 	return won, w.flush(e)
 }
 
-// snapRef is one entry of a snapshot: entries are never changed once
-// made (a new version replaces the pointer), so a snapshot holds
-// pointers and is encoded while it is sent.
-type snapRef struct {
-	table int
-	key   string
-	en    *entry
-}
-
-// snapshot takes every entry held (tombstones too) and the last change
-// of this node's origin they include. e.mu held.
-func (e *Engine) snapshot() ([]snapRef, uint64) {
+// snapshot takes every entry held, tombstones too, and the last change
+// of this node's origin they include. It holds pointers: entries are
+// never changed once made, so a snapshot is encoded while it is sent.
+// e.mu held.
+func (e *Engine) snapshot() ([]logged, uint64) {
 	return e.snapshotRefs(), e.rlog.last
 }
 
@@ -265,26 +273,18 @@ func (e *Engine) appliedList() []*syncpb.OriginState {
 	return out
 }
 
-func (e *Engine) snapshotRefs() []snapRef {
+func (e *Engine) snapshotRefs() []logged {
 	n := 0
 	for _, t := range e.tables {
 		n += len(t.entries)
 	}
-	out := make([]snapRef, 0, n)
+	out := make([]logged, 0, n)
 	for ti, t := range e.tables {
 		for k, en := range t.entries {
-			out = append(out, snapRef{ti, k, en})
+			out = append(out, logged{key: k, en: en, table: uint32(ti)})
 		}
 	}
 	return out
-}
-
-func (r snapRef) proto() *syncpb.Entry {
-	return &syncpb.Entry{
-		Table: uint32(r.table), Key: []byte(r.key), Value: r.en.value, Deleted: r.en.deleted,
-		Version:          &syncpb.Version{Generation: r.en.ver.gen, Writer: r.en.ver.writer.proto()},
-		CapturedUnixNano: r.en.captured,
-	}
 }
 
 // written lists the keys whose latest version writer wrote, by table
@@ -292,10 +292,10 @@ func (r snapRef) proto() *syncpb.Entry {
 func (e *Engine) written(writer originID) map[int]map[string]bool {
 	var out map[int]map[string]bool
 	for ti, t := range e.tables {
-		if t.byWriter[writer] == 0 {
+		if t.held(writer) == 0 {
 			continue
 		}
-		m := make(map[string]bool, t.byWriter[writer])
+		m := make(map[string]bool, t.held(writer))
 		for k, en := range t.entries {
 			if en.ver.writer == writer {
 				m[k] = true
@@ -337,10 +337,9 @@ func (e *Engine) prune(writer originID, gone map[int]map[string]bool) error {
 func (e *Engine) digests(writer originID) []*syncpb.TableDigest {
 	out := make([]*syncpb.TableDigest, 0, len(e.tables))
 	for ti, t := range e.tables {
-		d := t.sums[writer]
 		td := &syncpb.TableDigest{Table: uint32(ti)}
-		if d != nil {
-			td.Entries, td.Sum = d.entries, d.sum
+		if ws := t.writers[writer]; ws != nil {
+			td.Entries, td.Sum = ws.sum.entries, ws.sum.sum
 		}
 		out = append(out, td)
 	}
@@ -354,7 +353,7 @@ func (e *Engine) forget(now time.Time) int {
 	n := 0
 	for _, t := range e.tables {
 		for k, en := range t.entries {
-			if en.deleted && now.Sub(en.died) > e.cfg.TombstoneTTL {
+			if en.deleted && now.UnixNano()-en.died > int64(e.cfg.TombstoneTTL) {
 				t.remove(k)
 				n++
 			}
@@ -422,7 +421,7 @@ func (e *Engine) bootstrap(ctx context.Context) {
 			break
 		}
 		if busy == 0 && time.Now().After(deadline) {
-			e.log.Warn("sync: not every peer sent its state in time; reading the local maps anyway",
+			e.event(EventBootstrapLate, "", "", fmt.Sprintf("%d of %d peers sent their state within %v: reading the local maps anyway", booted, peers, e.cfg.BootstrapTimeout),
 				"timeout", e.cfg.BootstrapTimeout, "peers_synced", booted, "peers", peers, "peer_list_known", known)
 			break
 		}

@@ -276,6 +276,21 @@ func TestRingOverflow(t *testing.T) {
 		t.Fatalf("no change record was lost (the test needs a ring that overflows): %+v", st.Counters)
 	}
 	t.Logf("lost %d records, %d polls", st.Counters.LostRecords, st.Counters.Polls)
+	requireEvent(t, c.nodes[0].engine, EventRecordsLost, "flows", "change records lost")
+	requireEvent(t, c.nodes[1].engine, EventSnapshotApplied, "", "snapshot applied")
+}
+
+// requireEvent fails unless the engine noted an event of kind (and
+// table, if not "") whose detail says want.
+func requireEvent(t *testing.T, e *Engine, kind EventKind, table, want string) {
+	t.Helper()
+	evs := e.Events(context.Background(), 0, false)
+	for _, ev := range evs {
+		if ev.Kind == kind && (table == "" || ev.Table == table) && strings.Contains(ev.Detail, want) {
+			return
+		}
+	}
+	t.Fatalf("no %s event (table %q) saying %q among %v", kind, table, want, evs)
 }
 
 func TestRestartEmpty(t *testing.T) {
@@ -379,6 +394,7 @@ func TestRefusals(t *testing.T) {
 					time.Sleep(20 * time.Millisecond)
 				}
 			}
+			requireEvent(t, c.nodes[0].engine, EventPeerRefused, "", "refused")
 		})
 	}
 }

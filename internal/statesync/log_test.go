@@ -1,10 +1,6 @@
 package statesync
 
-import (
-	"testing"
-
-	"github.com/socklane/socklane/internal/syncpb"
-)
+import "testing"
 
 func TestResendLog(t *testing.T) {
 	l := newResendLog(4)
@@ -12,7 +8,7 @@ func TestResendLog(t *testing.T) {
 		t.Fatal("an empty log holds everything after 0 and reads nothing")
 	}
 	for i := range 6 {
-		if s := l.append(&syncpb.Entry{Table: uint32(i + 1)}); s != uint64(i+1) {
+		if s := l.append(logged{table: uint32(i + 1)}); s != uint64(i+1) {
 			t.Fatalf("append %d: seq %d", i, s)
 		}
 	}
@@ -42,12 +38,12 @@ func TestResendLog(t *testing.T) {
 			continue
 		}
 		for i := range got {
-			if got[i].GetTable() != tc.want[i] {
-				t.Errorf("read(%d)[%d] = %d, want %d", tc.after, i, got[i].GetTable(), tc.want[i])
+			if got[i].table != tc.want[i] {
+				t.Errorf("read(%d)[%d] = %d, want %d", tc.after, i, got[i].table, tc.want[i])
 			}
 		}
 	}
-	if got := l.read(2, 2); len(got) != 2 || got[1].GetTable() != 4 {
+	if got := l.read(2, 2); len(got) != 2 || got[1].table != 4 {
 		t.Errorf("read(2, max 2) = %v", got)
 	}
 }

@@ -152,7 +152,7 @@ func (e *Engine) refusedPeer(reason string) {
 	e.mu.Lock()
 	e.lastRefusal = reason
 	e.mu.Unlock()
-	e.log.Warn("sync: peer refused", "reason", reason)
+	e.event(EventPeerRefused, "", "", "peer refused: "+reason)
 }
 
 // dialLoop keeps one stream to p open.
@@ -287,6 +287,7 @@ func (e *Engine) runConn(ctx context.Context, peer string, st stream) (err error
 	}
 	if r := f.GetRefusal(); r != nil {
 		e.stats.refused.Add(1)
+		e.event(EventPeerRefused, peer, "", "the peer refused this node: "+r.GetReason())
 		return fmt.Errorf("peer %s refused this node: %s", peer, r.GetReason())
 	}
 	h := f.GetHello()
@@ -312,8 +313,16 @@ func (e *Engine) runConn(ctx context.Context, peer string, st stream) (err error
 		c.peerApplied[fromProto(a.GetOrigin())] = a.GetSeq()
 	}
 	for _, a := range h.GetApplied() {
-		if fromProto(a.GetOrigin()) == e.origin && e.rlog.holds(a.GetSeq()) {
+		if fromProto(a.GetOrigin()) != e.origin {
+			continue
+		}
+		if e.rlog.holds(a.GetSeq()) {
 			c.cursor, c.snapshotDue = a.GetSeq(), false
+		} else {
+			// The peer had this run's changes up to a point the log no
+			// longer holds.
+			e.stats.resyncs.Add(1)
+			e.noteResyncLocked(peer, fmt.Sprintf("log overflow: the peer had changes up to %d, the resend log holds them from %d", a.GetSeq(), e.rlog.first))
 		}
 	}
 	if c.snapshotDue {
@@ -326,7 +335,7 @@ func (e *Engine) runConn(ctx context.Context, peer string, st stream) (err error
 		e.lastActive = peer
 	}
 	e.mu.Unlock()
-	e.log.Info("sync: peer connected", "peer", peer, "incarnation", fmt.Sprintf("%016x", c.remote.incarnation), "snapshot", c.snapshotDue, "resend_from", c.cursor)
+	e.event(EventPeerConnected, peer, "", fmt.Sprintf("peer connected (incarnation %016x)", c.remote.incarnation), "snapshot", c.snapshotDue, "resend_from", c.cursor)
 	defer func() {
 		e.mu.Lock()
 		if c.candidates != nil {
@@ -361,7 +370,7 @@ func (c *conn) watchdog(ctx context.Context) {
 			silent := time.Since(c.lastRecv)
 			c.mu.Unlock()
 			if silent > idleTimeout {
-				c.e.log.Warn("sync: peer silent, closing the stream", "peer", c.peer, "silent", silent.Round(time.Millisecond))
+				c.e.event(EventPeerSilent, c.peer, "", fmt.Sprintf("nothing heard for %v: closing the stream", silent.Round(time.Millisecond)))
 				c.cancel()
 				return
 			}

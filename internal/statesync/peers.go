@@ -50,7 +50,7 @@ func (e *Engine) SetPeers(peers []Peer) {
 		if i < 0 {
 			delete(e.peers, o.Name)
 			delete(e.booted, o.Name)
-			e.log.Info("sync: peer removed", "peer", o.Name)
+			e.event(EventPeerRemoved, o.Name, "", "peer removed from the peer list")
 		}
 	}
 	for _, p := range peers {

@@ -19,13 +19,30 @@ enum sl_sync_limits {
 	SL_SYNC_MAX_KEY = 64,          /* bytes of key a record carries */
 	SL_SYNC_RING_BYTES = 1 << 25,  /* ring buffer of change records (32 MiB: 1,398,101 records of an 8-byte key) */
 	SL_CHURN_BATCH = 256,          /* most keys one churn run writes */
+	SL_SYNC_IO_BYTES = 1 << 20,    /* the batched lookup's buffer (lookup.c) */
+	SL_SYNC_MAX_VALUE = 4096,      /* largest value the batched lookup reads */
+	SL_SYNC_STAGE_BYTES = 1024,    /* records a CPU stages before it writes them to the ring at once */
 };
 
-/* A change record: the header, then key_len bytes of key. */
+/* A change record: the header, then key_len bytes of key, padded to a
+ * multiple of 8 bytes. A sample of the ring buffer is one or more records
+ * back to back. */
 struct sl_sync_record {
 	__u32 table;                   /* the map's number (--sync-map ...,record=N) */
 	__u32 key_len;
 	__u8 key[];
+};
+
+/* A CPU's staged records (sl_sync_stages, a per-CPU array of one): a
+ * writer appends its record here and writes the whole stage to the ring
+ * in one sample once another record might not fit, which costs a
+ * fraction of a ring buffer reservation per record. The agent also reads
+ * the stages every time it reads the ring, for records still staged. */
+struct sl_sync_stage {
+	__u32 busy;                    /* a program of this CPU is appending (another one records directly) */
+	__u32 len;                     /* bytes of records staged */
+	__u64 appends;                 /* records ever staged here: the agent reads a stage again when it moved */
+	__u8 records[SL_SYNC_STAGE_BYTES];
 };
 
 /* What the churn program (the writer the tests and the bench use) does. */
@@ -48,6 +65,21 @@ struct sl_churn_args {
 	struct sl_churn_val val;
 	__s32 ret;                     /* out: the first failed update's result */
 	__u32 count;                   /* keys key .. key+count-1 (0: one), values seq .. seq+count-1 */
+};
+
+/* The batched lookup's settings (lookup.c): the synced map's sizes and
+ * where its values and found flags start in sl_sync_io. */
+struct sl_sync_lookup_cfg {
+	__u32 key_size;
+	__u32 value_size;
+	__u32 max;                     /* keys one run reads */
+	__u32 values_off;
+	__u32 found_off;
+};
+
+struct sl_sync_lookup_args {
+	__u32 count;                   /* keys in sl_sync_io */
+	__s32 done;                    /* out: keys read (bpf_loop's result) */
 };
 
 #endif

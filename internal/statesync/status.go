@@ -91,7 +91,7 @@ func (e *Engine) noteResync(peer, why string) {
 func (e *Engine) noteResyncLocked(peer, why string) {
 	ps := e.peerStatusLocked(peer)
 	ps.LastResync, ps.Resync = time.Now(), why
-	e.log.Info("sync: resync", "peer", peer, "reason", why)
+	e.event(EventResync, peer, "", "resync: "+why)
 }
 
 func (e *Engine) setPeerError(peer string, err error) {

@@ -12,7 +12,6 @@ import (
 	"encoding/binary"
 
 	"github.com/cespare/xxhash/v2"
-	"time"
 
 	"github.com/socklane/socklane/internal/syncpb"
 )
@@ -53,17 +52,22 @@ func (v version) newer(o version) bool {
 type entry struct {
 	value   []byte
 	deleted bool
-	ver     version
-	// died is when a tombstone was made (forgotten after TombstoneTTL).
-	died time.Time
+	// slot is, while the entry waits in a mapWriter, its place there
+	// plus one (0: it does not wait).
+	slot int32
+	ver  version
+	// died is when a tombstone was made, in Unix nanoseconds (forgotten
+	// after TombstoneTTL).
+	died int64
 	// epoch is the table's poll epoch when a peer's version was applied:
 	// a poll that started in that epoch skips the key (its dump may
 	// predate the write).
 	epoch uint64
 	// captured is when the writing node captured the write (for lag).
 	captured int64
-	// applied is when a peer's version was applied here.
-	applied time.Time
+	// sum is a live entry's part of its writer's digest (entryHash),
+	// computed when the entry is installed.
+	sum uint64
 	// mark is the last read of the map that found the key.
 	mark uint64
 }
@@ -73,14 +77,24 @@ type table struct {
 	name    string
 	schema  *syncpb.TableSchema
 	entries map[string]*entry
-	// sums are the digests of the live entries by writer.
-	sums map[originID]*digest
+	// writers are, by writer, the entries (and tombstones) whose latest
+	// version it wrote and the digest of the live ones.
+	writers map[originID]*writerState
+	// last is the writer state used last (consecutive changes are
+	// mostly one writer's).
+	last *writerState
 	// epoch counts polls of the local map.
 	epoch uint64
-	// nLive and nDead count entries and tombstones; byWriter counts
-	// both by the writer of their version.
+	// nLive and nDead count entries and tombstones.
 	nLive, nDead int
-	byWriter     map[originID]int
+}
+
+// writerState is what a table holds of one writer's versions.
+type writerState struct {
+	writer originID
+	// held counts entries and tombstones.
+	held int
+	sum  digest
 }
 
 type digest struct {
@@ -89,79 +103,93 @@ type digest struct {
 }
 
 func newTable(name string, schema *syncpb.TableSchema) *table {
-	return &table{name: name, schema: schema, entries: map[string]*entry{}, sums: map[originID]*digest{}, byWriter: map[originID]int{}}
+	return &table{name: name, schema: schema, entries: map[string]*entry{}, writers: map[originID]*writerState{}}
 }
 
 // entryHash is the contribution of a live entry to its writer's digest;
 // it must be the same on every node (xxhash: no per-process seed).
-func entryHash(key, value []byte, v version) uint64 {
-	d := xxhash.New()
+func entryHash(key string, value []byte, v version) uint64 {
+	var d xxhash.Digest
+	d.Reset()
 	var n [8]byte
 	binary.LittleEndian.PutUint64(n[:], uint64(len(key)))
 	_, _ = d.Write(n[:])
-	_, _ = d.Write(key)
+	_, _ = d.WriteString(key)
 	_, _ = d.Write(value)
 	binary.LittleEndian.PutUint64(n[:], v.gen)
 	_, _ = d.Write(n[:])
 	return d.Sum64()
 }
 
-func (t *table) account(key []byte, e *entry, sign int) {
-	if e == nil || e.deleted {
+// writer is w's state, made when missing.
+func (t *table) writer(w originID) *writerState {
+	if t.last != nil && t.last.writer == w {
+		return t.last
+	}
+	ws := t.writers[w]
+	if ws == nil {
+		ws = &writerState{writer: w}
+		t.writers[w] = ws
+	}
+	t.last = ws
+	return ws
+}
+
+// held is how many entries and tombstones writer w's versions are.
+func (t *table) held(w originID) int {
+	if ws := t.writers[w]; ws != nil {
+		return ws.held
+	}
+	return 0
+}
+
+// account adds (sign +1) or takes away (-1) an entry from the counts and
+// its writer's digest.
+func (t *table) account(e *entry, sign int) {
+	if e == nil {
 		return
 	}
-	d := t.sums[e.ver.writer]
-	if d == nil {
-		d = &digest{}
-		t.sums[e.ver.writer] = d
+	ws := t.writer(e.ver.writer)
+	ws.held += sign
+	switch {
+	case e.deleted:
+		t.nDead += sign
+	case sign > 0:
+		t.nLive++
+		ws.sum.entries++
+		ws.sum.sum += e.sum
+	default:
+		t.nLive--
+		ws.sum.entries--
+		ws.sum.sum -= e.sum
 	}
-	h := entryHash(key, e.value, e.ver)
-	if sign > 0 {
-		d.entries++
-		d.sum += h
-	} else {
-		d.entries--
-		d.sum -= h
+	if ws.held == 0 {
+		delete(t.writers, ws.writer)
+		if t.last == ws {
+			t.last = nil
+		}
 	}
 }
 
 // merge installs e for key if it is newer than what the table holds and
-// reports whether it did.
-func (t *table) merge(key []byte, e *entry) bool {
-	cur := t.entries[string(key)]
+// reports whether it did, and the entry it replaced.
+func (t *table) merge(key string, e *entry) (*entry, bool) {
+	cur := t.entries[key]
 	if cur != nil && !e.ver.newer(cur.ver) {
-		return false
+		return cur, false
 	}
-	t.account(key, cur, -1)
-	t.count(cur, -1)
-	t.entries[string(key)] = e
-	t.account(key, e, +1)
-	t.count(e, +1)
-	return true
-}
-
-// count keeps nLive and nDead up to date.
-func (t *table) count(e *entry, sign int) {
-	if e != nil {
-		t.byWriter[e.ver.writer] += sign
-		if t.byWriter[e.ver.writer] == 0 {
-			delete(t.byWriter, e.ver.writer)
-		}
+	if !e.deleted {
+		e.sum = entryHash(key, e.value, e.ver)
 	}
-	switch {
-	case e == nil:
-	case e.deleted:
-		t.nDead += sign
-	default:
-		t.nLive += sign
-	}
+	t.account(cur, -1)
+	t.entries[key] = e
+	t.account(e, +1)
+	return cur, true
 }
 
 // remove forgets a key altogether.
 func (t *table) remove(key string) {
-	e := t.entries[key]
-	t.account([]byte(key), e, -1)
-	t.count(e, -1)
+	t.account(t.entries[key], -1)
 	delete(t.entries, key)
 }
 

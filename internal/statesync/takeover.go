@@ -44,7 +44,7 @@ func (e *Engine) SetLeader(leader bool) {
 	e.take.leader = leader
 	if !leader {
 		if e.active {
-			e.log.Warn("sync: lease lost, standing by")
+			e.event(EventLeaseLost, "", "", "lease lost: standing by")
 		}
 		e.active = false
 		return
@@ -52,7 +52,7 @@ func (e *Engine) SetLeader(leader bool) {
 	e.take.since, e.take.tookOver, e.take.asked = time.Now(), time.Time{}, time.Time{}
 	e.take.atLease, e.take.missing = e.behindLocked()
 	e.take.behind = e.take.atLease
-	e.log.Info("sync: lease won, catching up before taking over", "behind", e.take.atLease, "missing", e.take.missing)
+	e.event(EventLeaseWon, "", "", fmt.Sprintf("lease won: catching up (%d changes behind) before taking over", e.take.atLease), "missing", e.take.missing)
 }
 
 // behindLocked is how many changes of other origins some connected peer
@@ -120,7 +120,11 @@ func (e *Engine) gate(ctx context.Context) {
 			}
 			e.active = true
 			e.take.tookOver = time.Now()
-			e.log.Info("sync: caught up, active", "waited", time.Since(e.take.since).Round(time.Millisecond), "behind_when_elected", e.take.atLease)
+			detail := fmt.Sprintf("caught up after %v (%d changes behind when elected): active", time.Since(e.take.since).Round(time.Millisecond), e.take.atLease)
+			if len(unheard) > 0 {
+				detail += fmt.Sprintf("; without word from %v", unheard)
+			}
+			e.event(EventActive, "", "", detail)
 			e.notify()
 			e.mu.Unlock()
 			continue

@@ -140,7 +140,7 @@ func (x ResyncRequest_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResyncRequest_Reason.Descriptor instead.
 func (ResyncRequest_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{11, 0}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{12, 0}
 }
 
 // ExchangeRequest is a frame from the dialing node.
@@ -847,18 +847,143 @@ func (x *Entry) GetCapturedUnixNano() int64 {
 	return 0
 }
 
+// EntryBatch is entries of one table packed by column (protocol 2): a
+// table's keys and values have one size each (its TableSchema's), so
+// entry i's key is keys[i*key_size:(i+1)*key_size]. A receiver refuses a
+// batch whose columns do not add up.
+type EntryBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Index into the Hello's tables.
+	Table uint32 `protobuf:"varint,1,opt,name=table,proto3" json:"table,omitempty"`
+	Count uint32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// count keys.
+	Keys []byte `protobuf:"bytes,3,opt,name=keys,proto3" json:"keys,omitempty"`
+	// A value for each entry that is not a tombstone, in order.
+	Values []byte `protobuf:"bytes,4,opt,name=values,proto3" json:"values,omitempty"`
+	// Bit i (of byte i/8, least significant first) set: entry i is a
+	// tombstone.
+	Deleted []byte `protobuf:"bytes,5,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	// count generations.
+	Generations []uint64 `protobuf:"varint,6,rep,packed,name=generations,proto3" json:"generations,omitempty"`
+	// The writers of the batch's entries.
+	Writers []*Origin `protobuf:"bytes,7,rep,name=writers,proto3" json:"writers,omitempty"`
+	// For each entry, its writer's index in writers; empty: writers[0].
+	WriterIndex []uint32 `protobuf:"varint,8,rep,packed,name=writer_index,json=writerIndex,proto3" json:"writer_index,omitempty"`
+	// For each entry, when its origin captured the write; empty: unknown.
+	CapturedUnixNano []int64 `protobuf:"varint,9,rep,packed,name=captured_unix_nano,json=capturedUnixNano,proto3" json:"captured_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *EntryBatch) Reset() {
+	*x = EntryBatch{}
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EntryBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EntryBatch) ProtoMessage() {}
+
+func (x *EntryBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EntryBatch.ProtoReflect.Descriptor instead.
+func (*EntryBatch) Descriptor() ([]byte, []int) {
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *EntryBatch) GetTable() uint32 {
+	if x != nil {
+		return x.Table
+	}
+	return 0
+}
+
+func (x *EntryBatch) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *EntryBatch) GetKeys() []byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *EntryBatch) GetValues() []byte {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *EntryBatch) GetDeleted() []byte {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
+func (x *EntryBatch) GetGenerations() []uint64 {
+	if x != nil {
+		return x.Generations
+	}
+	return nil
+}
+
+func (x *EntryBatch) GetWriters() []*Origin {
+	if x != nil {
+		return x.Writers
+	}
+	return nil
+}
+
+func (x *EntryBatch) GetWriterIndex() []uint32 {
+	if x != nil {
+		return x.WriterIndex
+	}
+	return nil
+}
+
+func (x *EntryBatch) GetCapturedUnixNano() []int64 {
+	if x != nil {
+		return x.CapturedUnixNano
+	}
+	return nil
+}
+
 // Changes are consecutive changes of the sender's own origin.
 type Changes struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	FirstSeq      uint64                 `protobuf:"varint,1,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
-	Entries       []*Entry               `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	FirstSeq uint64                 `protobuf:"varint,1,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
+	// Protocol 1 (not sent by protocol 2).
+	Entries []*Entry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	// Protocol 2: the changes, a batch per table (order between tables
+	// does not matter: versions order the writes of a key).
+	Batches       []*EntryBatch `protobuf:"bytes,3,rep,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Changes) Reset() {
 	*x = Changes{}
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[9]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +995,7 @@ func (x *Changes) String() string {
 func (*Changes) ProtoMessage() {}
 
 func (x *Changes) ProtoReflect() protoreflect.Message {
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[9]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1008,7 @@ func (x *Changes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Changes.ProtoReflect.Descriptor instead.
 func (*Changes) Descriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{9}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Changes) GetFirstSeq() uint64 {
@@ -900,6 +1025,13 @@ func (x *Changes) GetEntries() []*Entry {
 	return nil
 }
 
+func (x *Changes) GetBatches() []*EntryBatch {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
 // Ack says the sender applied the receiver's changes up to seq.
 type Ack struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -910,7 +1042,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[10]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1054,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[10]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1067,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{10}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -955,7 +1087,7 @@ type ResyncRequest struct {
 
 func (x *ResyncRequest) Reset() {
 	*x = ResyncRequest{}
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[11]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1099,7 @@ func (x *ResyncRequest) String() string {
 func (*ResyncRequest) ProtoMessage() {}
 
 func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[11]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1112,7 @@ func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRequest.ProtoReflect.Descriptor instead.
 func (*ResyncRequest) Descriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{11}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResyncRequest) GetReason() ResyncRequest_Reason {
@@ -994,9 +1126,12 @@ func (x *ResyncRequest) GetReason() ResyncRequest_Reason {
 // says up to which of its own changes the snapshot holds, and the
 // sender's changes continue from there.
 type Snapshot struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Entries []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
-	Last    bool                   `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Protocol 1 (not sent by protocol 2).
+	Entries []*Entry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// Protocol 2: the chunk's entries, a batch per table.
+	Batches []*EntryBatch `protobuf:"bytes,6,rep,name=batches,proto3" json:"batches,omitempty"`
+	Last    bool          `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
 	// With last: the sender's sequence number the snapshot includes.
 	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Entries in the whole snapshot (in every chunk).
@@ -1010,7 +1145,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[12]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1157,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[12]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,12 +1170,19 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{12}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Snapshot) GetEntries() []*Entry {
 	if x != nil {
 		return x.Entries
+	}
+	return nil
+}
+
+func (x *Snapshot) GetBatches() []*EntryBatch {
+	if x != nil {
+		return x.Batches
 	}
 	return nil
 }
@@ -1086,7 +1228,7 @@ type Digest struct {
 
 func (x *Digest) Reset() {
 	*x = Digest{}
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[13]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1098,7 +1240,7 @@ func (x *Digest) String() string {
 func (*Digest) ProtoMessage() {}
 
 func (x *Digest) ProtoReflect() protoreflect.Message {
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[13]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1111,7 +1253,7 @@ func (x *Digest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Digest.ProtoReflect.Descriptor instead.
 func (*Digest) Descriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{13}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Digest) GetSeq() uint64 {
@@ -1140,7 +1282,7 @@ type TableDigest struct {
 
 func (x *TableDigest) Reset() {
 	*x = TableDigest{}
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[14]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1294,7 @@ func (x *TableDigest) String() string {
 func (*TableDigest) ProtoMessage() {}
 
 func (x *TableDigest) ProtoReflect() protoreflect.Message {
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[14]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1307,7 @@ func (x *TableDigest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableDigest.ProtoReflect.Descriptor instead.
 func (*TableDigest) Descriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{14}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TableDigest) GetTable() uint32 {
@@ -1199,7 +1341,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[15]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1353,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[15]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1366,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{15}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Refusal) GetReason() string {
@@ -1249,7 +1391,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[16]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1403,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_socklane_sync_v1_sync_proto_msgTypes[16]
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1416,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{16}
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Heartbeat) GetSentUnixNano() int64 {
@@ -1358,10 +1500,22 @@ const file_socklane_sync_v1_sync_proto_rawDesc = "" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12\x18\n" +
 	"\adeleted\x18\x04 \x01(\bR\adeleted\x123\n" +
 	"\aversion\x18\x05 \x01(\v2\x19.socklane.sync.v1.VersionR\aversion\x12,\n" +
-	"\x12captured_unix_nano\x18\x06 \x01(\x03R\x10capturedUnixNano\"Y\n" +
+	"\x12captured_unix_nano\x18\x06 \x01(\x03R\x10capturedUnixNano\"\xa5\x02\n" +
+	"\n" +
+	"EntryBatch\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\rR\x05table\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12\x12\n" +
+	"\x04keys\x18\x03 \x01(\fR\x04keys\x12\x16\n" +
+	"\x06values\x18\x04 \x01(\fR\x06values\x12\x18\n" +
+	"\adeleted\x18\x05 \x01(\fR\adeleted\x12 \n" +
+	"\vgenerations\x18\x06 \x03(\x04R\vgenerations\x122\n" +
+	"\awriters\x18\a \x03(\v2\x18.socklane.sync.v1.OriginR\awriters\x12!\n" +
+	"\fwriter_index\x18\b \x03(\rR\vwriterIndex\x12,\n" +
+	"\x12captured_unix_nano\x18\t \x03(\x03R\x10capturedUnixNano\"\x91\x01\n" +
 	"\aChanges\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x121\n" +
-	"\aentries\x18\x02 \x03(\v2\x17.socklane.sync.v1.EntryR\aentries\"\x17\n" +
+	"\aentries\x18\x02 \x03(\v2\x17.socklane.sync.v1.EntryR\aentries\x126\n" +
+	"\abatches\x18\x03 \x03(\v2\x1c.socklane.sync.v1.EntryBatchR\abatches\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xc1\x01\n" +
 	"\rResyncRequest\x12>\n" +
@@ -1372,9 +1526,10 @@ const file_socklane_sync_v1_sync_proto_rawDesc = "" +
 	"REASON_GAP\x10\x01\x12\x13\n" +
 	"\x0fREASON_DIVERGED\x10\x02\x12\x14\n" +
 	"\x10REASON_BOOTSTRAP\x10\x03\x12\x13\n" +
-	"\x0fREASON_TAKEOVER\x10\x04\"\xb2\x01\n" +
+	"\x0fREASON_TAKEOVER\x10\x04\"\xea\x01\n" +
 	"\bSnapshot\x121\n" +
-	"\aentries\x18\x01 \x03(\v2\x17.socklane.sync.v1.EntryR\aentries\x12\x12\n" +
+	"\aentries\x18\x01 \x03(\v2\x17.socklane.sync.v1.EntryR\aentries\x126\n" +
+	"\abatches\x18\x06 \x03(\v2\x1c.socklane.sync.v1.EntryBatchR\abatches\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05total\x18\x04 \x01(\x04R\x05total\x127\n" +
@@ -1413,7 +1568,7 @@ func file_socklane_sync_v1_sync_proto_rawDescGZIP() []byte {
 }
 
 var file_socklane_sync_v1_sync_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_socklane_sync_v1_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_socklane_sync_v1_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_socklane_sync_v1_sync_proto_goTypes = []any{
 	(Mode)(0),                 // 0: socklane.sync.v1.Mode
 	(ResyncRequest_Reason)(0), // 1: socklane.sync.v1.ResyncRequest.Reason
@@ -1426,26 +1581,27 @@ var file_socklane_sync_v1_sync_proto_goTypes = []any{
 	(*Hello)(nil),             // 8: socklane.sync.v1.Hello
 	(*Version)(nil),           // 9: socklane.sync.v1.Version
 	(*Entry)(nil),             // 10: socklane.sync.v1.Entry
-	(*Changes)(nil),           // 11: socklane.sync.v1.Changes
-	(*Ack)(nil),               // 12: socklane.sync.v1.Ack
-	(*ResyncRequest)(nil),     // 13: socklane.sync.v1.ResyncRequest
-	(*Snapshot)(nil),          // 14: socklane.sync.v1.Snapshot
-	(*Digest)(nil),            // 15: socklane.sync.v1.Digest
-	(*TableDigest)(nil),       // 16: socklane.sync.v1.TableDigest
-	(*Refusal)(nil),           // 17: socklane.sync.v1.Refusal
-	(*Heartbeat)(nil),         // 18: socklane.sync.v1.Heartbeat
+	(*EntryBatch)(nil),        // 11: socklane.sync.v1.EntryBatch
+	(*Changes)(nil),           // 12: socklane.sync.v1.Changes
+	(*Ack)(nil),               // 13: socklane.sync.v1.Ack
+	(*ResyncRequest)(nil),     // 14: socklane.sync.v1.ResyncRequest
+	(*Snapshot)(nil),          // 15: socklane.sync.v1.Snapshot
+	(*Digest)(nil),            // 16: socklane.sync.v1.Digest
+	(*TableDigest)(nil),       // 17: socklane.sync.v1.TableDigest
+	(*Refusal)(nil),           // 18: socklane.sync.v1.Refusal
+	(*Heartbeat)(nil),         // 19: socklane.sync.v1.Heartbeat
 }
 var file_socklane_sync_v1_sync_proto_depIdxs = []int32{
 	4,  // 0: socklane.sync.v1.ExchangeRequest.frame:type_name -> socklane.sync.v1.Frame
 	4,  // 1: socklane.sync.v1.ExchangeResponse.frame:type_name -> socklane.sync.v1.Frame
 	8,  // 2: socklane.sync.v1.Frame.hello:type_name -> socklane.sync.v1.Hello
-	11, // 3: socklane.sync.v1.Frame.changes:type_name -> socklane.sync.v1.Changes
-	12, // 4: socklane.sync.v1.Frame.ack:type_name -> socklane.sync.v1.Ack
-	13, // 5: socklane.sync.v1.Frame.resync:type_name -> socklane.sync.v1.ResyncRequest
-	14, // 6: socklane.sync.v1.Frame.snapshot:type_name -> socklane.sync.v1.Snapshot
-	15, // 7: socklane.sync.v1.Frame.digest:type_name -> socklane.sync.v1.Digest
-	17, // 8: socklane.sync.v1.Frame.refusal:type_name -> socklane.sync.v1.Refusal
-	18, // 9: socklane.sync.v1.Frame.heartbeat:type_name -> socklane.sync.v1.Heartbeat
+	12, // 3: socklane.sync.v1.Frame.changes:type_name -> socklane.sync.v1.Changes
+	13, // 4: socklane.sync.v1.Frame.ack:type_name -> socklane.sync.v1.Ack
+	14, // 5: socklane.sync.v1.Frame.resync:type_name -> socklane.sync.v1.ResyncRequest
+	15, // 6: socklane.sync.v1.Frame.snapshot:type_name -> socklane.sync.v1.Snapshot
+	16, // 7: socklane.sync.v1.Frame.digest:type_name -> socklane.sync.v1.Digest
+	18, // 8: socklane.sync.v1.Frame.refusal:type_name -> socklane.sync.v1.Refusal
+	19, // 9: socklane.sync.v1.Frame.heartbeat:type_name -> socklane.sync.v1.Heartbeat
 	0,  // 10: socklane.sync.v1.TableSchema.mode:type_name -> socklane.sync.v1.Mode
 	5,  // 11: socklane.sync.v1.OriginState.origin:type_name -> socklane.sync.v1.Origin
 	5,  // 12: socklane.sync.v1.Hello.origin:type_name -> socklane.sync.v1.Origin
@@ -1453,19 +1609,22 @@ var file_socklane_sync_v1_sync_proto_depIdxs = []int32{
 	7,  // 14: socklane.sync.v1.Hello.applied:type_name -> socklane.sync.v1.OriginState
 	5,  // 15: socklane.sync.v1.Version.writer:type_name -> socklane.sync.v1.Origin
 	9,  // 16: socklane.sync.v1.Entry.version:type_name -> socklane.sync.v1.Version
-	10, // 17: socklane.sync.v1.Changes.entries:type_name -> socklane.sync.v1.Entry
-	1,  // 18: socklane.sync.v1.ResyncRequest.reason:type_name -> socklane.sync.v1.ResyncRequest.Reason
-	10, // 19: socklane.sync.v1.Snapshot.entries:type_name -> socklane.sync.v1.Entry
-	7,  // 20: socklane.sync.v1.Snapshot.applied:type_name -> socklane.sync.v1.OriginState
-	16, // 21: socklane.sync.v1.Digest.tables:type_name -> socklane.sync.v1.TableDigest
-	7,  // 22: socklane.sync.v1.Heartbeat.applied:type_name -> socklane.sync.v1.OriginState
-	2,  // 23: socklane.sync.v1.SyncService.Exchange:input_type -> socklane.sync.v1.ExchangeRequest
-	3,  // 24: socklane.sync.v1.SyncService.Exchange:output_type -> socklane.sync.v1.ExchangeResponse
-	24, // [24:25] is the sub-list for method output_type
-	23, // [23:24] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	5,  // 17: socklane.sync.v1.EntryBatch.writers:type_name -> socklane.sync.v1.Origin
+	10, // 18: socklane.sync.v1.Changes.entries:type_name -> socklane.sync.v1.Entry
+	11, // 19: socklane.sync.v1.Changes.batches:type_name -> socklane.sync.v1.EntryBatch
+	1,  // 20: socklane.sync.v1.ResyncRequest.reason:type_name -> socklane.sync.v1.ResyncRequest.Reason
+	10, // 21: socklane.sync.v1.Snapshot.entries:type_name -> socklane.sync.v1.Entry
+	11, // 22: socklane.sync.v1.Snapshot.batches:type_name -> socklane.sync.v1.EntryBatch
+	7,  // 23: socklane.sync.v1.Snapshot.applied:type_name -> socklane.sync.v1.OriginState
+	17, // 24: socklane.sync.v1.Digest.tables:type_name -> socklane.sync.v1.TableDigest
+	7,  // 25: socklane.sync.v1.Heartbeat.applied:type_name -> socklane.sync.v1.OriginState
+	2,  // 26: socklane.sync.v1.SyncService.Exchange:input_type -> socklane.sync.v1.ExchangeRequest
+	3,  // 27: socklane.sync.v1.SyncService.Exchange:output_type -> socklane.sync.v1.ExchangeResponse
+	27, // [27:28] is the sub-list for method output_type
+	26, // [26:27] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_socklane_sync_v1_sync_proto_init() }
@@ -1489,7 +1648,7 @@ func file_socklane_sync_v1_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_socklane_sync_v1_sync_proto_rawDesc), len(file_socklane_sync_v1_sync_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

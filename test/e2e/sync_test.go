@@ -156,6 +156,27 @@ func (b *syncBed) status(n *syncNode) (statesync.Status, error) {
 	return st, json.Unmarshal([]byte(out), &st)
 }
 
+// requireEvent fails unless `socklane sync events -o json` on n lists
+// an event of kind about peer whose detail says want.
+func (b *syncBed) requireEvent(n *syncNode, kind statesync.EventKind, peer, want string) {
+	b.t.Helper()
+	out, err := n.in.Run("sync", "events", "-o", "json")
+	if err != nil {
+		b.t.Fatalf("socklane sync events: %v: %s", err, out)
+	}
+	dec := json.NewDecoder(strings.NewReader(out))
+	for dec.More() {
+		var ev statesync.Event
+		if err := dec.Decode(&ev); err != nil {
+			b.t.Fatalf("socklane sync events: %v in %s", err, out)
+		}
+		if ev.Kind == kind && ev.Peer == peer && strings.Contains(ev.Detail, want) {
+			return
+		}
+	}
+	b.t.Fatalf("%s: no %s event about %s saying %q in\n%s", n.name, kind, peer, want, out)
+}
+
 // bootstrapped waits until every running agent has its peers' state.
 func (b *syncBed) bootstrapped() {
 	b.t.Helper()
@@ -338,6 +359,10 @@ func TestSyncFaults(t *testing.T) {
 		if after := b.counters(a); after.SnapshotsSent == before.SnapshotsSent {
 			t.Fatalf("node-a sent node-c no snapshot after its log overflowed: %+v", after)
 		}
+		// `socklane sync events` says so, and why.
+		b.requireEvent(a, statesync.EventResync, "node-c", "log overflow")
+		b.requireEvent(a, statesync.EventSnapshotSent, "node-c", "snapshot sent")
+		b.requireEvent(c, statesync.EventSnapshotApplied, "node-a", "snapshot applied")
 	})
 	t.Run("kill -9 mid-stream", func(t *testing.T) {
 		var wg sync.WaitGroup
