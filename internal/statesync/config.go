@@ -212,12 +212,19 @@ func (c Config) Validate() error {
 		}
 		seen[p.Name] = true
 	}
-	names := map[string]bool{}
+	names, rings := map[string]bool{}, map[string]string{}
 	for _, t := range c.Tables {
 		if names[t.Name] {
 			return fmt.Errorf("--sync-map: two tables named %s (give name=)", t.Name)
 		}
 		names[t.Name] = true
+		if t.Changes == "" {
+			continue
+		}
+		if other, ok := rings[filepath.Clean(t.Changes)]; ok {
+			return fmt.Errorf("--sync-map: tables %s and %s both read changes=%s: one ring buffer per map (each table's reader would take records the other needs)", other, t.Name, t.Changes)
+		}
+		rings[filepath.Clean(t.Changes)] = t.Name
 	}
 	if c.LogSize < 0 || (c.LogSize > 0 && c.LogSize < 1024) {
 		return fmt.Errorf("--sync-log-size %d: want at least 1024", c.LogSize)

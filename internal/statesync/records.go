@@ -46,12 +46,13 @@ type stageReader struct {
 	appends []uint64
 }
 
-// openStages opens the stages pinned at path; none (nil) when the
-// writer was built without them.
+// openStages opens the stages pinned at path. Without them the records
+// a writer stages would go unseen until a stage fills: a missing pin is
+// an error (the caller reads the map instead).
 func openStages(path string) (*stageReader, error) {
 	m, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, fmt.Errorf("no staged change records at %s: pin sl_sync_stages beside sl_sync_changes (sl_sync.h)", path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("opening the staged change records %s: %w", path, err)

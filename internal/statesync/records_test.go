@@ -146,3 +146,26 @@ func TestStagedWriteReplicates(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordsWithoutStages: a writer whose stages are not pinned would
+// leave staged records unseen; the agent refuses its records and reads
+// the map instead, and the nodes converge.
+func TestRecordsWithoutStages(t *testing.T) {
+	c := newTestCluster(t, "node-a", "node-b")
+	if err := c.nodes[0].churn.objs.SlSyncStages.Unpin(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes {
+		c.start(n, nil)
+	}
+	c.bootstrapped()
+	for i := range 3 {
+		if err := c.nodes[0].churn.Write(uint64(100+i), ChurnVal{Seq: uint64(i)}, false, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.converged(10 * time.Second)
+	if polls := c.nodes[0].engine.Status().Counters.Polls; polls < 2 {
+		t.Fatalf("node-a read its map %d times: it should read it every poll without its stages", polls)
+	}
+}

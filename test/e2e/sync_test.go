@@ -444,6 +444,8 @@ func TestSyncBadInput(t *testing.T) {
 		want string
 	}{
 		{"map without listen", base("--sync-map", mapArg), "need --sync-listen"},
+		{"two maps, one ring", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg + ",changes=" + n.churn.Dir,
+			"--sync-map", mapArg + ",name=again,record=1,changes=" + n.churn.Dir}, certs...)...), "one ring buffer per map"},
 		{"no such pin", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", "/sys/fs/bpf/sl-no-such-map"}, certs...)...), "pin it first"},
 		{"relative path", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", "flows"}, certs...)...), "must be absolute"},
 		{"bad option", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg + ",mode=primary"}, certs...)...), "neither shared nor active-standby"},
