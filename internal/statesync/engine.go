@@ -35,10 +35,12 @@ type Engine struct {
 	maps   []*ebpf.Map
 	// readers read given keys of each map in batches (nil: key by key).
 	readers []*batchReader
-	applied map[originID]uint64 // how far each origin's changes are applied
-	conns   map[string]*conn    // live streams by peer name
-	active  bool
-	marks   uint64 // numbers reads of the map (entry.mark)
+	// schemaList are the tables' schemas, in order.
+	schemaList []*syncpb.TableSchema
+	applied    map[originID]uint64 // how far each origin's changes are applied
+	conns      map[string]*conn    // live streams by peer name
+	active     bool
+	marks      uint64 // numbers reads of the map (entry.mark)
 	// snapshotting counts snapshots coming in.
 	snapshotting int
 	take         takeover
@@ -115,6 +117,7 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 			return nil, fmt.Errorf("--sync-map %s: %w", t.Path, err)
 		}
 		e.tables = append(e.tables, newTable(t.Name, s))
+		e.schemaList = append(e.schemaList, s)
 		r, err := newBatchReader(m)
 		if err != nil {
 			log.Info("sync: reading changed keys one at a time", "table", t.Name, "reason", err)
@@ -194,14 +197,8 @@ func (e *Engine) Publish(tableName string, key, value []byte) error {
 	return nil
 }
 
-// schemas are the tables' schemas, in order.
-func (e *Engine) schemas() []*syncpb.TableSchema {
-	out := make([]*syncpb.TableSchema, len(e.tables))
-	for i, t := range e.tables {
-		out[i] = t.schema
-	}
-	return out
-}
+// schemas are the tables' schemas, in order (fixed once New returns).
+func (e *Engine) schemas() []*syncpb.TableSchema { return e.schemaList }
 
 func (e *Engine) tableIndex(name string) int {
 	for i, t := range e.tables {

@@ -89,8 +89,9 @@ static __always_inline void sl_sync_emit(__u32 table, const void *key, __u32 kle
 	len = s->len;
 	if (len > SL_SYNC_STAGE_BYTES - size) {
 		/* Cannot be (a stage is written out before it is this full);
-		 * never trust it. */
-		s->len = 0;
+		 * never trust it: what it held counts as lost, and the agent
+		 * reads the whole map. */
+		sl_sync_count_lost();
 		len = 0;
 	}
 	r = (struct sl_sync_record *)&s->records[len];
