@@ -14,7 +14,7 @@ func newAgentCmd(g *globals) *cobra.Command {
 	var set settingsFlags
 	var servicesFile string
 	var servicesInterval time.Duration
-	var policiesFile string
+	var policiesFile, portsFile string
 	var kubePolicies bool
 	var webCfg agent.WebConfig
 	var bpfStats bool
@@ -37,6 +37,7 @@ socklane with 'socklane down'.`,
 			cfg := agent.Config{Config: set.config(g), Cgroups: cgs}
 			cfg.ServicesFile, cfg.ServicesInterval = servicesFile, servicesInterval
 			cfg.PoliciesFile, cfg.KubePolicies = policiesFile, kubePolicies
+			cfg.PortsFile = portsFile
 			cfg.Web, cfg.BPFStats, cfg.SweepInterval = webCfg, bpfStats, sweepInterval
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
@@ -62,6 +63,7 @@ socklane with 'socklane down'.`,
 	cmd.Flags().StringVar(&criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket (for --pod-selector)")
 	cmd.Flags().DurationVar(&podInterval, "pod-interval", agent.DefaultPodInterval, "how often to list pods for --pod-selector")
 	cmd.Flags().DurationVar(&sweepInterval, "sweep-interval", agent.DefaultSweepInterval, "how often to reclaim the connection slots and load balancer entries of sockets that closed while their cgroup was detached")
+	cmd.Flags().StringVar(&portsFile, "ports", "", "YAML port virtualization file (workloads, virtual ports, pools, routes) to apply from start and again whenever it, or the cgroups its workloads resolve to, change (a bad file is refused at start; later, it is logged and the applied rules stay)")
 	cmd.Flags().BoolVar(&kubePolicies, "kube-policies", false, "enforce the cluster's NetworkPolicies (watched with its Namespaces and Pods through the API server) on the pods --kube-pod-selector attaches")
 	cmd.Flags().BoolVar(&kubeServices, "kube-services", false, "serve the cluster's Services and EndpointSlices, watched through the Kubernetes API server")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "with --kube-services or --kube-pod-selector: kubeconfig file (default: the in-cluster configuration)")

@@ -61,8 +61,16 @@ full are reported as "lost" lines. One reader at a time.`,
 			ready := func() { fmt.Fprintln(cmd.ErrOrStderr(), "reading events; interrupt to stop") }
 			// Policy ids are named from the applied set, read again
 			// when an id is new to it.
-			var policyNames map[uint32]string
+			var policyNames, workloadNames map[uint32]string
 			return dp.Events(ctx, ready, func(e datapath.Event) error {
+				if e.Type == "ports_exhausted" {
+					if _, ok := workloadNames[e.WorkloadID]; !ok {
+						if rec, err := node.AppliedPorts(g.name); err == nil {
+							workloadNames = rec.WorkloadNames()
+						}
+					}
+					e.Workload = workloadNames[e.WorkloadID]
+				}
 				if e.Type == "policy_denied" {
 					if _, ok := policyNames[e.Policy]; !ok {
 						policyNames, _ = node.PolicyNames(g.name)
@@ -97,7 +105,7 @@ full are reported as "lost" lines. One reader at a time.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&types, "type", nil, "only these event types: established, bypass, tcp, fallback, closed, lb_select, lb_refused, policy_denied, lost")
+	f.StringSliceVar(&types, "type", nil, "only these event types: established, bypass, tcp, fallback, closed, lb_select, lb_refused, policy_denied, ports_exhausted, lost")
 	f.IntVar(&port, "port", 0, "only events with this port at either end")
 	f.StringVar(&addr, "addr", "", "only events with this address at either end")
 	f.IntVar(&count, "count", 0, "stop after this many events (0: until interrupted)")
@@ -120,6 +128,8 @@ func printEvent(w io.Writer, e datapath.Event) error {
 		_, err = fmt.Fprintf(w, "%s lb_select %s %s -> backend %s\n", ts, e.Proto, e.Src, e.Dst)
 	case "policy_denied":
 		_, err = fmt.Fprintf(w, "%s policy_denied %s %s -> %s by %s of %s (identities %d -> %d)\n", ts, e.Proto, e.Src, e.Dst, e.Dir, e.PolicyName, e.SrcIdentity, e.DstIdentity)
+	case "ports_exhausted":
+		_, err = fmt.Fprintf(w, "%s ports_exhausted %s virtual port %d of workload %s (id %d): no free port in its pool\n", ts, e.Proto, e.Dst.Port(), e.Workload, e.WorkloadID)
 	case "lb_refused":
 		_, err = fmt.Fprintf(w, "%s lb_refused %s %s: no backend\n", ts, e.Proto, e.Src)
 	default:

@@ -196,6 +196,32 @@ func newPeerCmd() *cobra.Command {
 		return peer.Probe(ctx, mode, addr, count)
 	})
 	probe.Flags().StringVar(&mode, "mode", "tcp", "tcp, udp (connected) or udp-unconnected")
+	var bindLabel string
+	var bindReuseport bool
+	bindshow := &cobra.Command{
+		Use:   "bindshow SPEC...",
+		Short: "Bind tcp4:ADDR:PORT, tcp6:[ADDR]:PORT, udp4:..., udp6:... (IPv6-only), print what bind and getsockname gave as JSON, then answer each",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return peer.BindShow(cmd.Context(), os.Stdout, args, bindLabel, bindReuseport)
+		},
+	}
+	bindshow.Flags().StringVar(&bindLabel, "label", "", "what to answer")
+	bindshow.Flags().BoolVar(&bindReuseport, "reuseport", false, "set SO_REUSEPORT before binding")
+	var bindCount int
+	bindloop := &cobra.Command{
+		Use:   "bindloop ADDR:PORT",
+		Short: "Time rounds of socket, bind and close (IPv4); print the latency summary as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := peer.BindLoop(cmd.Context(), args[0], bindCount)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(os.Stdout).Encode(l)
+		},
+	}
+	bindloop.Flags().IntVar(&bindCount, "count", 10000, "rounds")
 	var holdMode, holdName string
 	var holdConns int
 	var holdFor time.Duration
@@ -252,7 +278,7 @@ func newPeerCmd() *cobra.Command {
 	}
 	reach.Flags().DurationVar(&reachTimeout, "timeout", 2*time.Second, "give each probe this long")
 	reach.Flags().StringVar(&reachBind, "bind", "", "send from this local address")
-	cmd.AddCommand(reach, server, client, echo, sink, pingpong, stream, connects, whoami, probe, hold, request, pause,
+	cmd.AddCommand(reach, server, client, echo, sink, pingpong, stream, connects, whoami, bindshow, bindloop, probe, hold, request, pause,
 		newPlantCmd(), newVictimCmd(), newFastOpenCmd(), newOpenCmd(), newListenCmd(), fanout)
 	return cmd
 }

@@ -91,6 +91,7 @@ func newRootCmd() *cobra.Command {
 		newPodsCmd(g),
 		newSvcCmd(g),
 		newPolicyCmd(g),
+		newPortsCmd(g),
 		newSyncCmd(g),
 		newDownCmd(g),
 		newDemoCmd(g),

@@ -17,6 +17,7 @@ import (
 	"github.com/socklane/socklane/internal/kube"
 	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/policy"
+	"github.com/socklane/socklane/internal/ports"
 	"github.com/socklane/socklane/internal/service"
 	"github.com/socklane/socklane/internal/statesync"
 	"golang.org/x/sys/unix"
@@ -41,6 +42,11 @@ type Config struct {
 	// start and again whenever its content changes, checked as often as
 	// the service file.
 	PoliciesFile string
+	// PortsFile, if set, is a YAML port virtualization file (workloads,
+	// their virtual ports and pools, routes) applied at start and again
+	// whenever its content changes, or the cgroups its pods and
+	// processes resolve to do, checked as often as the service file.
+	PortsFile string
 	// Web is where and how /metrics and the probes are served.
 	Web WebConfig
 	// SweepInterval is how often what sockets of detached cgroups left
@@ -165,6 +171,25 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 	}
+	var portWatch *fileWatch[*ports.Set]
+	var portSet *ports.Set
+	var portSum [sha256.Size]byte
+	if cfg.PortsFile != "" {
+		portWatch = &fileWatch[*ports.Set]{what: "ports", path: cfg.PortsFile, parse: ports.Parse, log: log,
+			apply: func(set *ports.Set) error {
+				res, err := node.ApplyPorts(ctx, dp, cfg.PinName, set, cfg.CRISocket)
+				if err != nil {
+					return err
+				}
+				log.Info("port rules applied", "file", cfg.PortsFile, "workloads", res.Workloads, "virtual_ports", res.VirtualPorts,
+					"cgroups", res.Cgroups, "hooked_cgroups", res.Hooked, "took", res.Took)
+				return nil
+			}}
+		var err error
+		if portSet, portSum, err = portWatch.load(); err != nil {
+			return err
+		}
+	}
 	// The sync's maps and certificates are checked before the node is
 	// touched.
 	var syncEngine *statesync.Engine
@@ -246,7 +271,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 	}
-	if svcWatch != nil || polWatch != nil {
+	if portWatch != nil {
+		if err := portWatch.applyNow(portSet, portSum); err != nil {
+			return err
+		}
+	}
+	if svcWatch != nil || polWatch != nil || portWatch != nil {
 		t := tickerOr(cfg.ServicesInterval, DefaultServicesInterval)
 		defer t.Stop()
 		files = t.C
@@ -367,6 +397,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			if polWatch != nil {
 				polWatch.poll()
 			}
+			if portWatch != nil {
+				portWatch.poll()
+				portsFollow(ctx, portWatch, cfg, log)
+			}
 		case <-podTick:
 			pods.reconcile(ctx)
 		case err := <-syncDone:
@@ -379,6 +413,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 		case <-sweep.C:
 			node.Reclaim(dp, log)
+			if n, err := node.SweepPortClaims(dp); err != nil {
+				log.Warn("sweeping port claims", "err", err)
+			} else if n > 0 {
+				log.Info("real ports returned to their pools: no socket was bound to them", "ports", n)
+			}
 		case <-tick.C:
 			if c, err := dp.Counters(); err == nil {
 				log.Info("bypass", "conns_bypassed", c.Get(datapath.CounterConnsBypassed), "redirect_bytes", c.Get(datapath.CounterRedirectBytes))

@@ -122,7 +122,14 @@ func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger)
 	if h.ln != nil {
 		reg := prometheus.NewRegistry()
 		col := metrics.New(dp, func() (map[string]string, error) { return node.FrontendNames(name) }, func() ([]service.Skipped, error) { return node.SkippedServices(name) }, log).
-			WithPolicyNames(func() (map[uint32]string, error) { return node.PolicyNames(name) })
+			WithPolicyNames(func() (map[uint32]string, error) { return node.PolicyNames(name) }).
+			WithWorkloadNames(func() (map[uint32]string, error) {
+				rec, err := node.AppliedPorts(name)
+				if err != nil {
+					return nil, err
+				}
+				return rec.WorkloadNames(), nil
+			})
 		col.Refresh()
 		if h.sync != nil {
 			reg.MustRegister(metrics.NewSync(h.sync))

@@ -1,11 +1,15 @@
 package agent
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/socklane/socklane/internal/node"
+	"github.com/socklane/socklane/internal/ports"
 )
 
 // DefaultServicesInterval is how often the agent rereads its service and
@@ -66,5 +70,25 @@ func (w *fileWatch[S]) poll() {
 	}
 	if err := w.applyNow(set, sum); err != nil {
 		w.log.Error("applying "+w.what+" file", "file", w.path, "err", err)
+	}
+}
+
+// portsFollow applies the ports file again when the cgroups its workloads
+// resolve to changed (a pod restarted, a process moved): the rules follow
+// the workloads, not the cgroups they had when applied.
+func portsFollow(ctx context.Context, w *fileWatch[*ports.Set], cfg Config, log *slog.Logger) {
+	set, sum, err := w.load()
+	if err != nil || sum != w.applied {
+		return // refused, or not applied yet: poll logs it
+	}
+	changed, err := node.PortCgroupsChanged(ctx, cfg.PinName, set, cfg.CRISocket)
+	if err != nil {
+		log.Debug("resolving port workloads", "err", err)
+		return
+	}
+	if changed {
+		if err := w.applyNow(set, sum); err != nil {
+			log.Error("applying ports file again", "file", w.path, "err", err)
+		}
 	}
 }

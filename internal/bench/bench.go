@@ -95,6 +95,9 @@ type Options struct {
 	// PolicyCounts are the numbers of policies of the policies
 	// measurement.
 	PolicyCounts []int
+	// PortRuleCounts are the numbers of workload rules of the ports
+	// measurement.
+	PortRuleCounts []int
 	// VerdictWindow is the datapath's verdict window (see datapath.Config).
 	VerdictWindow uint32
 	// IO is how socklane's own clients and servers drive their sockets.
@@ -121,6 +124,7 @@ type Sample struct {
 	MBps, MsgRate             float64 // throughput
 	Redirected                uint64  // messages the datapath redirected during the run
 	ProgramMs                 float64 `json:",omitempty"` // services: time to program them
+	BindUs                    float64 `json:",omitempty"` // ports: mean socket + bind + close, microseconds
 	// BacklogFallbacks: bypassed directions that moved to TCP during the
 	// run because their receiver fell behind (fallback_backlog).
 	BacklogFallbacks uint64 `json:",omitempty"`
@@ -143,6 +147,9 @@ type Case struct {
 func (c *Case) Paths() []string {
 	if c.Kind == Policies {
 		return []string{PathNoPolicy, PathPolicies}
+	}
+	if c.Kind == Ports {
+		return []string{PathNoPortRules, PathPortRules}
 	}
 	if c.Kind == Services {
 		if c.NoBaseline {
@@ -190,8 +197,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, errors.New("bench: need at least one repetition, one round trip and one size")
 	}
 	for _, k := range o.Kinds {
-		if !slices.Contains(Kinds(), k) {
-			return nil, fmt.Errorf("unknown measurement %q: want some of %v", k, Kinds())
+		if !slices.Contains(Kinds(), k) && k != Ports {
+			return nil, fmt.Errorf("unknown measurement %q: want some of %v, %s", k, Kinds(), Ports)
 		}
 	}
 	for _, sc := range o.Scenarios {
@@ -212,6 +219,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if slices.Contains(o.Kinds, Policies) {
 		if err := checkPolicies(o); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(o.Kinds, Ports) {
+		if err := checkPorts(o); err != nil {
 			return nil, err
 		}
 	}

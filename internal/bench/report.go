@@ -87,6 +87,7 @@ func (r *Report) Markdown(w io.Writer) {
 	r.toolMarkdown(w)
 	r.servicesMarkdown(w)
 	r.policiesMarkdown(w)
+	r.portsMarkdown(w)
 	r.fallbackMarkdown(w)
 	if len(r.Programs) > 0 {
 		fmt.Fprintln(w, "\n### BPF program cost (kernel run-time statistics over the whole run)")
@@ -313,4 +314,26 @@ func (r *Report) SVG(w io.Writer) error {
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func bindUs(s Sample) float64 { return s.BindUs }
+
+// portsMarkdown sets bind and connect under N port workload rules beside
+// none.
+func (r *Report) portsMarkdown(w io.Writer) {
+	for _, pl := range r.placements() {
+		rows := r.rows("", Ports, Loopback, pl)
+		if len(rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n### Port virtualization: N workload rules against none, a program of the node's network namespace, %s\n\n", pl)
+		fmt.Fprintln(w, "Bind: socket + bind(127.0.0.1:3101) + close (with the rules a real port is drawn from the workload's pool and given back). Connect: connect to 127.0.0.1:3100 + 64 B echoed + close (with the rules the connect reaches the workload's own binding of its virtual port). The measured program is one of the N workloads; without rules the hooks are not attached.")
+		fmt.Fprintln(w, "\n| workloads | bind none us | bind rules us | bind rules / none | connect none us | connect rules us | connect rules / none | program ms |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, c := range rows {
+			bn, br := c.Median(PathNoPortRules, bindUs), c.Median(PathPortRules, bindUs)
+			cn, cr := c.Median(PathNoPortRules, mean), c.Median(PathPortRules, mean)
+			fmt.Fprintf(w, "| %d | %.2f | %.2f | %s | %.1f | %.1f | %s | %.1f |\n", c.Size, bn, br, ratio(br, bn), cn, cr, ratio(cr, cn), c.Median(PathPortRules, programMs))
+		}
+	}
 }

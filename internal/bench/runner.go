@@ -127,6 +127,12 @@ func (r *runner) cases() []*Case {
 					cs = append(cs, &Case{Kind: k, Size: n, Placement: p.Name, Scenario: PodToPod, Samples: map[string][]Sample{}})
 				}
 			}
+		case Ports:
+			for _, n := range r.o.PortRuleCounts {
+				for _, p := range r.o.Placements {
+					cs = append(cs, &Case{Kind: k, Size: n, Placement: p.Name, Scenario: Loopback, Samples: map[string][]Sample{}})
+				}
+			}
 		case Services:
 			for _, n := range r.o.ServiceCounts {
 				for _, p := range r.o.Placements {
@@ -202,6 +208,9 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	}
 	if c.Kind == Policies {
 		return r.measurePolicies(c, path)
+	}
+	if c.Kind == Ports {
+		return r.measurePorts(c, path)
 	}
 	if path == PathBypass {
 		for _, p := range []*testbed.Pod{r.client, r.server, r.host} {
@@ -321,6 +330,9 @@ func progress(w io.Writer, done, total int, c *Case, path string) {
 	}
 	if c.Kind == Policies {
 		unit = "pol"
+	}
+	if c.Kind == Ports {
+		unit = "wl"
 	}
 	fmt.Fprintf(w, "\r[%s] %3d%% %-19s %6d %-3s %-11s %-9s %-11s", bar, done*100/total, kind, c.Size, unit, c.Scenario, c.Placement, path)
 }

@@ -193,14 +193,15 @@ type bypassSlEvent struct {
 type bypassSlEventType uint32
 
 const (
-	bypassSlEventTypeSL_EV_ESTABLISHED   bypassSlEventType = 1
-	bypassSlEventTypeSL_EV_BYPASS        bypassSlEventType = 2
-	bypassSlEventTypeSL_EV_TCP           bypassSlEventType = 3
-	bypassSlEventTypeSL_EV_FALLBACK      bypassSlEventType = 4
-	bypassSlEventTypeSL_EV_CLOSED        bypassSlEventType = 5
-	bypassSlEventTypeSL_EV_LB_SELECT     bypassSlEventType = 6
-	bypassSlEventTypeSL_EV_LB_REFUSED    bypassSlEventType = 7
-	bypassSlEventTypeSL_EV_POLICY_DENIED bypassSlEventType = 8
+	bypassSlEventTypeSL_EV_ESTABLISHED     bypassSlEventType = 1
+	bypassSlEventTypeSL_EV_BYPASS          bypassSlEventType = 2
+	bypassSlEventTypeSL_EV_TCP             bypassSlEventType = 3
+	bypassSlEventTypeSL_EV_FALLBACK        bypassSlEventType = 4
+	bypassSlEventTypeSL_EV_CLOSED          bypassSlEventType = 5
+	bypassSlEventTypeSL_EV_LB_SELECT       bypassSlEventType = 6
+	bypassSlEventTypeSL_EV_LB_REFUSED      bypassSlEventType = 7
+	bypassSlEventTypeSL_EV_POLICY_DENIED   bypassSlEventType = 8
+	bypassSlEventTypeSL_EV_PORTS_EXHAUSTED bypassSlEventType = 9
 )
 
 type bypassSlEventsCfg struct {
@@ -222,7 +223,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 12
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 13
 )
 
 type bypassSlListener struct {

@@ -45,6 +45,7 @@ type Datapath struct {
 	cfg     Config
 	objs    bypassObjects
 	lb      servicelbObjects
+	pt      portsObjects
 	adopted bool
 	// layout locates the settings in the programs' read-only data.
 	layout settingsLayout
@@ -166,6 +167,9 @@ func create(cfg Config, f Features) (*Datapath, error) {
 	if err := d.createLB(loaded); err != nil {
 		return nil, err
 	}
+	if err := d.createPorts(); err != nil {
+		return nil, err
+	}
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
 		Target:  d.objs.SlSockhash.FD(),
 		Program: d.objs.SlMsg,
@@ -240,6 +244,10 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 		d.Close()
 		return nil, err
 	}
+	if err := d.adoptPorts(); err != nil {
+		d.Close()
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -265,7 +273,7 @@ func (d *Datapath) PinDir() string { return d.cfg.PinDir }
 // Close releases this process's handles; pinned objects stay.
 func (d *Datapath) Close() error {
 	// Generated Close methods skip objects never loaded (nil).
-	return errors.Join(d.objs.Close(), d.lb.Close())
+	return errors.Join(d.objs.Close(), d.lb.Close(), d.pt.Close())
 }
 
 // tcpRmemMax is TCP's largest receive buffer, the default backlog limit.
@@ -286,6 +294,11 @@ func tcpRmemMax() uint32 {
 func (d *Datapath) Programs() []*ebpf.Program {
 	out := []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg, d.objs.SlRelease}
 	for _, p := range d.lbPrograms() {
+		if *p != nil {
+			out = append(out, *p)
+		}
+	}
+	for _, p := range d.portPrograms() {
 		if *p != nil {
 			out = append(out, *p)
 		}

@@ -67,22 +67,27 @@ type Event struct {
 	SrcIdentity uint32 `json:"src_identity,omitempty"`
 	DstIdentity uint32 `json:"dst_identity,omitempty"`
 	Count       uint64 `json:"count,omitempty"`
+	// Port virtualization: the workload (id; the CLI adds its name)
+	// whose pool had no port for a bind to virtual port Dst.Port().
+	WorkloadID uint32 `json:"workload_id,omitempty"`
+	Workload   string `json:"workload,omitempty"`
 }
 
 var eventTypes = map[uint32]string{
-	uint32(bypassSlEventTypeSL_EV_ESTABLISHED):   "established",
-	uint32(bypassSlEventTypeSL_EV_BYPASS):        "bypass",
-	uint32(bypassSlEventTypeSL_EV_TCP):           "tcp",
-	uint32(bypassSlEventTypeSL_EV_FALLBACK):      "fallback",
-	uint32(bypassSlEventTypeSL_EV_CLOSED):        "closed",
-	uint32(bypassSlEventTypeSL_EV_LB_SELECT):     "lb_select",
-	uint32(bypassSlEventTypeSL_EV_LB_REFUSED):    "lb_refused",
-	uint32(bypassSlEventTypeSL_EV_POLICY_DENIED): "policy_denied",
+	uint32(bypassSlEventTypeSL_EV_ESTABLISHED):     "established",
+	uint32(bypassSlEventTypeSL_EV_BYPASS):          "bypass",
+	uint32(bypassSlEventTypeSL_EV_TCP):             "tcp",
+	uint32(bypassSlEventTypeSL_EV_FALLBACK):        "fallback",
+	uint32(bypassSlEventTypeSL_EV_CLOSED):          "closed",
+	uint32(bypassSlEventTypeSL_EV_LB_SELECT):       "lb_select",
+	uint32(bypassSlEventTypeSL_EV_LB_REFUSED):      "lb_refused",
+	uint32(bypassSlEventTypeSL_EV_POLICY_DENIED):   "policy_denied",
+	uint32(bypassSlEventTypeSL_EV_PORTS_EXHAUSTED): "ports_exhausted",
 }
 
 // EventTypes lists the event type names.
 func EventTypes() []string {
-	return []string{"established", "bypass", "tcp", "fallback", "closed", "lb_select", "lb_refused", "policy_denied", "lost"}
+	return []string{"established", "bypass", "tcp", "fallback", "closed", "lb_select", "lb_refused", "policy_denied", "ports_exhausted", "lost"}
 }
 
 var dirNames = map[uint8]string{
@@ -124,6 +129,8 @@ func decodeEvent(raw []byte, counters []string, clk clock) (Event, error) {
 		if e.Dir == uint8(servicelbSlPolDirSL_POL_EGRESS) {
 			ev.Dir = "egress"
 		}
+	case "ports_exhausted":
+		ev.Frontend, ev.WorkloadID = 0, e.SvcId
 	case "closed", "established", "bypass":
 		ev.Role = "client"
 		if e.Role == uint8(bypassSlRoleSL_ROLE_SERVER) {

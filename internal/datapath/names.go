@@ -54,7 +54,11 @@ func ownPins() (map[string]bool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
 	}
-	for _, spec := range []*ebpf.CollectionSpec{b, l} {
+	pt, err := loadPorts()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
+	}
+	for _, spec := range []*ebpf.CollectionSpec{b, l, pt} {
 		for _, m := range spec.Maps {
 			if strings.HasPrefix(m.Name, "sl_") {
 				own[m.Name] = true
@@ -85,7 +89,7 @@ func removeOwn(dir string) error {
 	var foreign []string
 	for _, e := range entries {
 		n := e.Name()
-		link := strings.HasPrefix(n, linkPinPrefix) && !e.IsDir()
+		link := (strings.HasPrefix(n, linkPinPrefix) || strings.HasPrefix(n, portLinkPrefix)) && !e.IsDir()
 		if !own[n] && !link {
 			foreign = append(foreign, n)
 			continue

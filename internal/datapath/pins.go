@@ -76,6 +76,9 @@ func (p Pins) Attachments() ([]Attachment, error) {
 // or is load-balanced; live ones keep what they have. Returns the number of
 // cgroups detached.
 func (p Pins) DetachAll() (int, error) {
+	if err := p.detachPorts(); err != nil {
+		return 0, err
+	}
 	ls, err := p.links()
 	if err != nil {
 		return 0, err

@@ -17,6 +17,7 @@ enum sl_event_type {
 	SL_EV_LB_SELECT = 6,   /* the load balancer sent src (the VIP) to dst (a backend) */
 	SL_EV_LB_REFUSED = 7,  /* the load balancer refused src (the VIP): no backend */
 	SL_EV_POLICY_DENIED = 8, /* network policy refused src -> dst (svc_id: the policy, dir: enum sl_pol_dir) */
+	SL_EV_PORTS_EXHAUSTED = 9, /* a bind to virtual port dst_port found its pool empty (svc_id: the workload) */
 };
 
 /* One event. For connection events src is the client and dst the

@@ -17,6 +17,7 @@ struct socket {
 } __attribute__((preserve_access_index));
 
 struct sock_common {
+	__u16 skc_num; /* local port, host order */
 	struct {
 		__s64 counter;
 	} skc_cookie;
@@ -170,6 +171,21 @@ static __always_inline int sock_has_cookie(const void *sk)
 	__s64 cookie;
 	__builtin_memcpy(&cookie, head + off, sizeof(cookie));
 	return cookie != 0;
+}
+
+/* The local port of sk, read as sock_has_cookie reads the cookie (a
+ * release program's bpf_sock offers no port). 0 if it cannot tell. */
+static __always_inline __u16 sock_local_port(const void *sk)
+{
+	__u8 head[SL_SOCK_HEAD];
+	__u32 off = bpf_core_field_offset(struct sock, __sk_common.skc_num);
+	if (off > SL_SOCK_HEAD - sizeof(__u16))
+		return 0;
+	if (bpf_probe_read_kernel(head, off + sizeof(__u16), sk))
+		return 0;
+	__u16 port;
+	__builtin_memcpy(&port, head + off, sizeof(port));
+	return port;
 }
 
 #endif /* SL_KERNEL_H */

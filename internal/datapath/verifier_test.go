@@ -19,7 +19,7 @@ const verifierBudget = 100_000
 func TestVerifierBudget(t *testing.T) {
 	dp := testDatapath(t)
 	progs := 0
-	for _, objs := range []any{&dp.objs.bypassPrograms, &dp.lb.servicelbPrograms} {
+	for _, objs := range []any{&dp.objs.bypassPrograms, &dp.lb.servicelbPrograms, &dp.pt.portsPrograms} {
 		v := reflect.ValueOf(objs).Elem()
 		for i := 0; i < v.NumField(); i++ {
 			p, ok := v.Field(i).Interface().(*ebpf.Program)
@@ -42,6 +42,6 @@ func TestVerifierBudget(t *testing.T) {
 		}
 	}
 	if progs < 8 {
-		t.Errorf("%d programs checked, want every program of both objects (>= 8)", progs)
+		t.Errorf("%d programs checked, want every program of the three objects (>= 8)", progs)
 	}
 }

@@ -26,7 +26,11 @@ type Source interface {
 	Programs() []*ebpf.Program
 	Settings() (datapath.Settings, error)
 	PolicyCounts() (map[uint32]datapath.PolicyCount, error)
+	PortStats() (map[uint32]map[string]uint64, error)
 }
+
+// WorkloadNames maps port virtualization workload ids to names.
+type WorkloadNames func() (map[uint32]string, error)
 
 // PolicyNames maps the applied policies' ids to namespace/name.
 type PolicyNames func() (map[uint32]string, error)
@@ -64,6 +68,7 @@ type Collector struct {
 	names    ServiceNames
 	skipped  SkippedServices
 	polNames PolicyNames
+	wlNames  WorkloadNames
 	descs    map[string]*prometheus.Desc
 	errors   atomic.Uint64
 	version  string
@@ -203,6 +208,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if err := c.collectPolicies(ch); err != nil {
 		fail("policies", err)
 	}
+	if err := c.collectPorts(ch); err != nil {
+		fail("ports", err)
+	}
 	if s, err := c.src.Settings(); err != nil {
 		fail("settings", err)
 	} else {
@@ -291,6 +299,53 @@ func (c *Collector) collectPolicies(ch chan<- prometheus.Metric) error {
 	}
 	for k, v := range sums {
 		c.emit(ch, famPolVerdict, v, k.policy, k.verdict)
+	}
+	return nil
+}
+
+// WithWorkloadNames names the workloads of port_events_total.
+func (c *Collector) WithWorkloadNames(fn WorkloadNames) *Collector {
+	c.wlNames = fn
+	return c
+}
+
+// collectPorts emits the per-workload port counters (id 0, sockets of no
+// workload, as "-"), the label bounded as the policies' is.
+func (c *Collector) collectPorts(ch chan<- prometheus.Metric) error {
+	stats, err := c.src.PortStats()
+	if err != nil || len(stats) == 0 {
+		return err
+	}
+	names := map[uint32]string{}
+	if c.wlNames != nil {
+		if names, err = c.wlNames(); err != nil {
+			return err
+		}
+	}
+	ids := make([]uint32, 0, len(stats))
+	for id := range stats {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	type key struct{ workload, event string }
+	sums := map[key]float64{}
+	for i, id := range ids {
+		name := names[id]
+		switch {
+		case id == 0:
+			name = "-"
+		case name == "":
+			name = fmt.Sprintf("id-%d", id)
+		}
+		if i > maxPolicySeries {
+			name = "other"
+		}
+		for ev, v := range stats[id] {
+			sums[key{name, ev}] += float64(v)
+		}
+	}
+	for k, v := range sums {
+		c.emit(ch, famPortEvents, v, k.workload, k.event)
 	}
 	return nil
 }

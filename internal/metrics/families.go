@@ -46,6 +46,7 @@ var (
 	famLBTracked   = family{"lb_tracked_sockets", "Connected sockets the load balancer remembers a backend for.", prometheus.GaugeValue, nil}
 	famPolEvents   = family{"policy_events_total", "Network policy events, by event: denied_connect (connects and sends refused with EPERM), denied_packet (first packets of flows dropped at the server: SYNs, UDP datagrams), first_packet (first packets into isolated pods judged), flow_hits (UDP datagrams judged by a cached flow verdict), replies (UDP answers let through as part of a flow already judged).", prometheus.CounterValue, []string{"event"}}
 	famPolVerdict  = family{"policy_verdicts_total", "New flows allowed by a rule of a policy, or denied while a policy isolated the pod, by policy (namespace/name; beyond the first 1000 policies: other).", prometheus.CounterValue, []string{"policy", "verdict"}}
+	famPortEvents  = family{"port_events_total", "Port virtualization events per workload (beyond the first 1000 workloads: other), by event: binds (real ports drawn from the pool), shared (binds given the real port the workload holds already: SO_REUSEPORT groups, IPv4 and IPv6 sockets), exhausted (binds refused with EADDRINUSE: no free port in the pool), released (real ports returned), connects (to the workload's own virtual port), routed (from elsewhere, by a route), not_bound (to a virtual port the workload holds no real port for: left to the port itself), foreign_bind (binds refused: the port is another workload's real port), direct (binds to a pool port itself, held so that no pool hands it out).", prometheus.CounterValue, []string{"workload", "event"}}
 	famProgRuns    = family{"bpf_program_runs_total", "Runs of each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famProgSeconds = family{"bpf_program_run_seconds_total", "Time spent in each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famCollectErr  = family{"collection_errors_total", "Scrapes in which some part of the datapath could not be read.", prometheus.CounterValue, nil}
@@ -58,7 +59,7 @@ var families = []family{
 	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
-	famPolEvents, famPolVerdict,
+	famPolEvents, famPolVerdict, famPortEvents,
 	famProgRuns, famProgSeconds, famSetting, famCollectErr, famBuild,
 }
 

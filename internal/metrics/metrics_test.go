@@ -74,6 +74,10 @@ func (f *fakeSource) PolicyCounts() (map[uint32]datapath.PolicyCount, error) {
 	return map[uint32]datapath.PolicyCount{3: {Allowed: 5, Denied: 2}}, nil
 }
 
+func (f *fakeSource) PortStats() (map[uint32]map[string]uint64, error) {
+	return map[uint32]map[string]uint64{0: {"direct": 1}, 2: {"binds": 3, "exhausted": 1}, 9: {"binds": 1}}, nil
+}
+
 func (f *fakeSource) Settings() (datapath.Settings, error) {
 	return datapath.Settings{BacklogLimit: 1 << 20, VerdictWindow: 4096, BypassBrief: datapath.ModeOn}, nil
 }
@@ -128,6 +132,8 @@ func TestCollector(t *testing.T) {
 	var logged bytes.Buffer
 	c := New(src, names, skipped, slog.New(slog.NewTextHandler(&logged, nil))).WithPolicyNames(func() (map[uint32]string, error) {
 		return map[uint32]string{3: "x/deny"}, nil
+	}).WithWorkloadNames(func() (map[uint32]string, error) {
+		return map[uint32]string{2: "redis-a"}, nil
 	})
 	c.Refresh()
 	text, vals := scrape(t, c)
@@ -149,6 +155,10 @@ func TestCollector(t *testing.T) {
 		"socklane_service_skipped,service=default/huge":                                                                1,
 		"socklane_policy_verdicts_total,policy=x/deny,verdict=denied":                                                  2,
 		"socklane_policy_verdicts_total,policy=x/deny,verdict=allowed":                                                 5,
+		"socklane_port_events_total,event=binds,workload=redis-a":                                                      3,
+		"socklane_port_events_total,event=exhausted,workload=redis-a":                                                  1,
+		"socklane_port_events_total,event=binds,workload=id-9":                                                         1,
+		"socklane_port_events_total,event=direct,workload=-":                                                           1,
 	} {
 		if got, ok := vals[key]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v\n%s", key, got, ok, want, text)

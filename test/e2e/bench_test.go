@@ -220,3 +220,40 @@ func TestBenchSync(t *testing.T) {
 		t.Errorf("%.3f of the steady updates were read back from the peer, want all (2,000 a second over 5,000 keys are never overwritten within a second)", got)
 	}
 }
+
+// TestBenchPorts runs `socklane bench --measure ports` small: binds and
+// connects with N port workloads and with none, on every placement; the
+// bench itself fails a run whose port counters do not show the rules at
+// work (or show them without rules).
+func TestBenchPorts(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Binary(t)
+	jsonPath := filepath.Join(t.TempDir(), "ports.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "bench", "--measure", "ports", "--reps", "2", "--connects", "50",
+		"--port-rule-counts", "5,300", "--tools", "", "--json", jsonPath).CombinedOutput()
+	if err != nil {
+		t.Fatalf("socklane bench --measure ports: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "| bind rules / none |") {
+		t.Errorf("no Markdown table in the output:\n%s", out)
+	}
+	rep := readReport(t, jsonPath)
+	if len(rep.Cases) != 2*2 {
+		t.Fatalf("%d cases, want 2 rule counts on 2 placements", len(rep.Cases))
+	}
+	for _, c := range rep.Cases {
+		for _, path := range c.Paths() {
+			ss := c.Samples[path]
+			if len(ss) != 2 {
+				t.Errorf("ports %d %s %s: %d samples, want 2", c.Size, c.Placement, path, len(ss))
+			}
+			for _, s := range ss {
+				if s.BindUs <= 0 || s.Mean <= 0 || (s.ProgramMs > 0) != (path == bench.PathPortRules) {
+					t.Errorf("ports %d %s %s: bind %.2f us, connect %.1f us, programming %.2f ms", c.Size, c.Placement, path, s.BindUs, s.Mean, s.ProgramMs)
+				}
+			}
+		}
+	}
+}

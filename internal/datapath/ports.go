@@ -1,0 +1,208 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// portLinkPrefix names the pinned links of the port virtualization hooks:
+// they are attached only while rules exist, to workloads' cgroups as well
+// as the datapath's, and are not datapath attachments.
+const portLinkPrefix = "ptlink_"
+
+// portHooks are the port virtualization programs, attached together.
+var portHooks = []hook{
+	{"bind4", ebpf.AttachCGroupInet4Bind, func(d *Datapath) *ebpf.Program { return d.pt.SlPtBind4 }},
+	{"bind6", ebpf.AttachCGroupInet6Bind, func(d *Datapath) *ebpf.Program { return d.pt.SlPtBind6 }},
+	{"getsockname4", ebpf.AttachCgroupInet4GetSockname, func(d *Datapath) *ebpf.Program { return d.pt.SlPtGetsockname4 }},
+	{"getsockname6", ebpf.AttachCgroupInet6GetSockname, func(d *Datapath) *ebpf.Program { return d.pt.SlPtGetsockname6 }},
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(d *Datapath) *ebpf.Program { return d.pt.SlPtConnect4 }},
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(d *Datapath) *ebpf.Program { return d.pt.SlPtConnect6 }},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(d *Datapath) *ebpf.Program { return d.pt.SlPtSendmsg4 }},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(d *Datapath) *ebpf.Program { return d.pt.SlPtSendmsg6 }},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(d *Datapath) *ebpf.Program { return d.pt.SlPtRecvmsg4 }},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(d *Datapath) *ebpf.Program { return d.pt.SlPtRecvmsg6 }},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.pt.SlPtGetpeername4 }},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(d *Datapath) *ebpf.Program { return d.pt.SlPtGetpeername6 }},
+	{"release", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.pt.SlPtRelease }},
+}
+
+func loadPortsSpec() (*ebpf.CollectionSpec, error) {
+	spec, err := loadPorts()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded port virtualization object: %w", err)
+	}
+	for _, m := range spec.Maps {
+		if strings.HasPrefix(m.Name, "sl_") {
+			m.Pinning = ebpf.PinByName
+		}
+	}
+	return spec, nil
+}
+
+// portPrograms maps pin names to the port programs' fields.
+func (d *Datapath) portPrograms() map[string]**ebpf.Program {
+	p := &d.pt.portsPrograms
+	return map[string]**ebpf.Program{
+		portsProgSlPtBind4: &p.SlPtBind4, portsProgSlPtBind6: &p.SlPtBind6,
+		portsProgSlPtGetsockname4: &p.SlPtGetsockname4, portsProgSlPtGetsockname6: &p.SlPtGetsockname6,
+		portsProgSlPtConnect4: &p.SlPtConnect4, portsProgSlPtConnect6: &p.SlPtConnect6,
+		portsProgSlPtSendmsg4: &p.SlPtSendmsg4, portsProgSlPtSendmsg6: &p.SlPtSendmsg6,
+		portsProgSlPtRecvmsg4: &p.SlPtRecvmsg4, portsProgSlPtRecvmsg6: &p.SlPtRecvmsg6,
+		portsProgSlPtGetpeername4: &p.SlPtGetpeername4, portsProgSlPtGetpeername6: &p.SlPtGetpeername6,
+		portsProgSlPtRelease: &p.SlPtRelease,
+	}
+}
+
+// createPorts loads the port virtualization programs into the pin
+// directory (sharing the event ring) and pins them.
+func (d *Datapath) createPorts() error {
+	spec, err := loadPortsSpec()
+	if err != nil {
+		return err
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
+	if err := spec.LoadAndAssign(&d.pt, opts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("loading port virtualization (verifier rejected it): %+v", ve)
+		}
+		return fmt.Errorf("loading port virtualization: %w", err)
+	}
+	for name, p := range d.portPrograms() {
+		if err := (*p).Pin(filepath.Join(d.cfg.PinDir, progPinPrefix+name)); err != nil {
+			return fmt.Errorf("pinning %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// adoptPorts reuses the pinned port maps and programs.
+func (d *Datapath) adoptPorts() error {
+	spec, err := loadPortsSpec()
+	if err != nil {
+		return err
+	}
+	maps := struct{ portsMaps }{}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
+	if err := spec.LoadAndAssign(&maps, opts); err != nil {
+		return fmt.Errorf("adopting pinned port maps in %s: %w: %w", d.cfg.PinDir, ErrIncompatible, err)
+	}
+	d.pt.portsMaps = maps.portsMaps
+	for name, p := range d.portPrograms() {
+		prog, err := ebpf.LoadPinnedProgram(filepath.Join(d.cfg.PinDir, progPinPrefix+name), nil)
+		if err != nil {
+			return fmt.Errorf("adopting pinned %s: %w: %w", name, ErrIncompatible, err)
+		}
+		*p = prog
+	}
+	return nil
+}
+
+func (d *Datapath) portLinkPin(h string, cgroupID uint64) string {
+	return filepath.Join(d.cfg.PinDir, portLinkPrefix+h+"_"+fmt.Sprint(cgroupID))
+}
+
+// PortTargets lists the cgroups the port hooks are attached to.
+func (d *Datapath) PortTargets() ([]uint64, error) { return Pins(d.cfg.PinDir).portTargets() }
+
+// SetPortTargets attaches the port virtualization hooks to exactly the
+// cgroups of want (id -> path): new ones attached, others detached. Only
+// socklane's own port links are touched. On an attach failure the cgroup
+// is left without any port hook and the error returned.
+func (d *Datapath) SetPortTargets(want map[uint64]string) error {
+	have, err := d.PortTargets()
+	if err != nil {
+		return err
+	}
+	for id, path := range want {
+		var made []string
+		for _, h := range portHooks {
+			pin := d.portLinkPin(h.name, id)
+			if _, err := os.Stat(pin); err == nil {
+				continue
+			}
+			l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: h.attach, Program: h.prog(d)})
+			if err == nil {
+				err = l.Pin(pin)
+				l.Close()
+			}
+			if err != nil {
+				for _, p := range made {
+					_, _ = detachPin(p)
+				}
+				return fmt.Errorf("attaching port hook %s to %s: %w", h.name, path, err)
+			}
+			made = append(made, pin)
+		}
+	}
+	for _, id := range have {
+		if _, ok := want[id]; ok {
+			continue
+		}
+		for _, h := range portHooks {
+			if _, err := detachPin(d.portLinkPin(h.name, id)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// portTargets lists the cgroup ids with pinned port links.
+func (p Pins) portTargets() ([]uint64, error) {
+	entries, err := os.ReadDir(string(p))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", string(p), err)
+	}
+	seen := map[uint64]bool{}
+	var out []uint64
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), portLinkPrefix)
+		if !ok {
+			continue
+		}
+		i := strings.LastIndexByte(rest, '_')
+		var id uint64
+		if i < 0 {
+			continue
+		}
+		if _, err := fmt.Sscan(rest[i+1:], &id); err != nil || seen[id] {
+			continue
+		}
+		seen[id] = true
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// detachPorts removes every port link.
+func (p Pins) detachPorts() error {
+	entries, err := os.ReadDir(string(p))
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", string(p), err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), portLinkPrefix) {
+			if _, err := detachPin(filepath.Join(string(p), e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// PortCounterNames names the per-workload port counters (from BTF).
+func PortCounterNames() ([]string, error) {
+	spec, err := loadPorts()
+	if err != nil {
+		return nil, fmt.Errorf("loading embedded BPF object: %w", err)
+	}
+	return enumNames(spec, "sl_pt_counter", "SL_PT_C_", len(portsSlPtCount{}.C))
+}

@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/testbed"
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// TestPortsRedis: two unmodified redis-server --port 3000 side by side in
+// the node's network namespace, each reached by its own redis-cli -p 3000
+// (and a client elsewhere by the route), their data apart.
+func TestPortsRedis(t *testing.T) {
+	server := testutil.RequireCommand(t, "redis-server")
+	cli := testutil.RequireCommand(t, "redis-cli")
+	pb := newPortBed(t)
+	pb.apply(t, `workloads:
+  - name: redis-a
+    cgroup: %A
+    ports: [{port: 3000}]
+    pool: 21300-21309
+  - name: redis-b
+    cgroup: %B
+    ports: [{port: 3000}]
+    pool: 21300-21309
+routes:
+  - {port: 3000, to: redis-b}
+`)
+	for _, p := range []*testbed.Pod{pb.a, pb.b} {
+		start(t, p, server, "--port", "3000", "--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--daemonize", "no")
+	}
+	redis := func(p *testbed.Pod, args ...string) string {
+		return strings.TrimSpace(run(t, p, 10*time.Second, cli, append([]string{"-p", "3000"}, args...)...))
+	}
+	for _, p := range []*testbed.Pod{pb.a, pb.b} {
+		ok := false
+		for i := 0; i < 100 && !ok; i++ {
+			cmd, _ := p.Command(cli, "-p", "3000", "ping")
+			out, _ := cmd.Output()
+			ok = strings.TrimSpace(string(out)) == "PONG"
+			if !ok {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		if !ok {
+			t.Fatalf("redis in %s never answered", p.Name)
+		}
+	}
+	if got := redis(pb.a, "set", "who", "a"); got != "OK" {
+		t.Fatalf("set in a: %q", got)
+	}
+	if got := redis(pb.b, "set", "who", "b"); got != "OK" {
+		t.Fatalf("set in b: %q", got)
+	}
+	for _, tc := range []struct {
+		from *testbed.Pod
+		want string
+	}{{pb.a, "a"}, {pb.b, "b"}, {pb.c, "b"}} {
+		if got := redis(tc.from, "get", "who"); got != tc.want {
+			t.Errorf("get from %s: %q, want %q", tc.from.Name, got, tc.want)
+		}
+	}
+	// Redis reports the port it listens on as 3000 (getsockname), while
+	// the kernel has it on two distinct real ports.
+	if got := redis(pb.a, "config", "get", "port"); !strings.Contains(got, "3000") {
+		t.Errorf("redis-a's port: %q", got)
+	}
+	l := pb.list(t)
+	ra, na := l.real("redis-a", "TCP", 3000)
+	rb, _ := l.real("redis-b", "TCP", 3000)
+	if ra == 0 || rb == 0 || ra == rb || !listeningOn(t, ra) || !listeningOn(t, rb) || listeningOn(t, 3000) {
+		t.Errorf("real ports %d, %d (redis-a's held by %d sockets); want two distinct listened ones, nothing on 3000", ra, rb, na)
+	}
+	if na != 2 {
+		t.Errorf("redis-a's real port held by %d sockets; want 2 (its IPv4 and IPv6 listeners)", na)
+	}
+}
+
+// TestPortsBoundBefore: a program that bound its port before the rule
+// existed keeps it (getsockname and the kernel agree) and stays
+// reachable on it from its workload and elsewhere; a copy started after
+// the rule gets a real port of the pool.
+func TestPortsBoundBefore(t *testing.T) {
+	pb := newPortBed(t)
+	early, _ := pb.bindShow(t, pb.a, "early", "tcp4:127.0.0.1:3004")
+	mustBind(t, early, "127.0.0.1:3004")
+	pb.apply(t, `workloads:
+  - name: wa
+    cgroup: %A
+    ports: [{port: 3004}]
+    pool: 21400-21409
+`)
+	if !listeningOn(t, 3004) {
+		t.Fatal("the early program no longer listens on 3004")
+	}
+	for _, from := range []*testbed.Pod{pb.a, pb.c} {
+		if r := probeFrom(t, pb.in, from, "tcp", "127.0.0.1:3004", 2); r.Replies["early 3004"] != 2 {
+			t.Errorf("from %s: %v; want the early program", from.Name, r.Replies)
+		}
+	}
+	if c := pb.list(t).Counters["wa"]; c["not_bound"] < 2 {
+		t.Errorf("wa's counters %v: want its connects to a port it holds none for counted as not_bound", c)
+	}
+	late, _ := pb.bindShow(t, pb.a, "late", "tcp4:127.0.0.1:3004")
+	mustBind(t, late, ":3004")
+	if r, _ := pb.list(t).real("wa", "TCP", 3004); r < 21400 || r > 21409 {
+		t.Errorf("the late copy's real port %d; want one of 21400-21409", r)
+	}
+	if r := probeFrom(t, pb.in, pb.a, "tcp", "127.0.0.1:3004", 2); r.Replies["late 3004"] != 2 {
+		t.Errorf("wa's client after the late bind: %v; want its own copy (the one it holds)", r.Replies)
+	}
+}
+
+// TestPortsBypassed: connections that reach a copy through its virtual
+// port (its own client, and one elsewhere by the route) are ordinary
+// node-local TCP and join the bypass; the bytes arrive whole.
+func TestPortsBypassed(t *testing.T) {
+	server := testutil.RequireCommand(t, "redis-server")
+	cli := testutil.RequireCommand(t, "redis-cli")
+	// redis-cli reads in blocking mode: bypassed whatever the kernel.
+	pb := newPortBed(t, "--blocking-sockets", "bypass")
+	pb.in.Attach(pb.a)
+	pb.apply(t, `workloads:
+  - name: wa
+    cgroup: %A
+    ports: [{port: 3000}]
+    pool: 21600-21609
+routes:
+  - {port: 3000, to: wa}
+`)
+	start(t, pb.a, server, "--port", "3000", "--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--daemonize", "no")
+	waitFor(t, func() bool {
+		cmd, _ := pb.a.Command(cli, "-p", "3000", "ping")
+		out, _ := cmd.Output()
+		return strings.TrimSpace(string(out)) == "PONG"
+	})
+	before := pb.in.Counters()
+	value := strings.Repeat("0123456789abcdef", 4096) // 64 KiB
+	for _, from := range []*testbed.Pod{pb.a, pb.c} {
+		key := "k-" + from.Name
+		if got := strings.TrimSpace(run(t, from, 10*time.Second, cli, "-p", "3000", "set", key, value)); got != "OK" {
+			t.Fatalf("set from %s: %q", from.Name, got)
+		}
+		if got := strings.TrimSpace(run(t, from, 10*time.Second, cli, "-p", "3000", "get", key)); got != value {
+			t.Errorf("get from %s: %d bytes back, want the %d set", from.Name, len(got), len(value))
+		}
+	}
+	d := testutil.Delta(before, pb.in.Counters())
+	mustAtLeast(t, d, "conns_bypassed", 4)
+	mustAtLeast(t, d, "redirect_bytes", 2*uint64(len(value)))
+	if c := pb.list(t).Counters["wa"]; c["connects"] < 2 || c["routed"] < 2 {
+		t.Errorf("wa's counters %v: want the connects through its virtual port counted", c)
+	}
+}
