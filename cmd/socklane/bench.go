@@ -113,7 +113,7 @@ load balancer), and the programming time. Reports medians and ratios.`,
 	f.IntVar(&so.Sessions, "sync-sessions", 50000, "sync: sessions of the seed's demo")
 	f.IntVar(&so.CaptureWrites, "sync-capture-writes", 400000, "sync: writes per run of the change-capture cost")
 	f.IntSliceVar(&o.PolicyCounts, "policy-counts", []int{1000, 10000}, "numbers of policies for the policies measurement")
-	f.IntSliceVar(&o.PortRuleCounts, "port-rule-counts", []int{1000}, "numbers of workload rules for the ports measurement")
+	f.IntSliceVar(&o.PortRuleCounts, "port-rule-counts", []int{1, 1000}, "numbers of workload rules for the ports measurement")
 	f.IntSliceVar(&o.ServiceCounts, "service-counts", []int{100, 1000, 10000}, "numbers of services for the services measurement")
 	f.IntVar(&o.IptablesMaxServices, "iptables-max-services", 10000, "most services the iptables baseline is programmed with (iptables-restore takes minutes from 10,000); larger counts measure socklane alone")
 	f.Uint32Var(&o.VerdictWindow, "verdict-window", datapath.DefaultVerdictWindow, "the bypass's verdict window in bytes (0: a verdict per send)")

@@ -149,7 +149,7 @@ func (c *Case) Paths() []string {
 		return []string{PathNoPolicy, PathPolicies}
 	}
 	if c.Kind == Ports {
-		return []string{PathNoPortRules, PathPortRules}
+		return []string{PathNoPortRules, PathBystander, PathPortRules}
 	}
 	if c.Kind == Services {
 		if c.NoBaseline {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/socklane/socklane/internal/cgroups"
@@ -17,16 +18,18 @@ import (
 )
 
 // Ports measures port virtualization: bind and connect as a program in
-// the node's network namespace does them, under N workload rules (the
-// measured program one of them: its binds draw real ports from a pool,
-// its connects to its virtual port reach its own binding) against no
-// rules (the same calls on the port itself, the hooks not attached).
+// the node's network namespace does them, with no rules (the hooks not
+// attached), under N workload rules as a bystander (the program in none of
+// them, the hooks on its cgroup: what every other program of the node
+// pays), and as one of the N workloads (its binds draw real ports from a
+// pool, its connects to its virtual port reach its own binding).
 const Ports = "ports"
 
 // Paths of the ports measurement.
 const (
 	PathNoPortRules = "no-rules"
-	PathPortRules   = "port-rules"
+	PathBystander   = "bystander"
+	PathPortRules   = "workload"
 )
 
 // MaxPortRules is the most workloads the benchmark programs.
@@ -52,12 +55,23 @@ func checkPorts(o Options) error {
 	return nil
 }
 
-// portRules are n workloads: the host pod's, and n-1 in cgroups of their
-// own with the same virtual ports, pools of their own.
-func (r *runner) portRules(n int) (*ports.Tables, func(), error) {
+// portRules are n workloads with the same virtual ports, pools of their
+// own: the host pod's and n-1 in cgroups of their own, or (bystander) n in
+// cgroups of their own.
+func (r *runner) portRules(n int, bystander bool) (*ports.Tables, func(), error) {
 	dir := filepath.Dir(r.host.Cgroup)
 	set := &ports.Set{}
-	cgs := map[string][]uint64{}
+	cgs := map[string][]ports.Cgroup{}
+	// The bench's cgroups are at one level: the host pod's.
+	root, err := cgroups.Root()
+	if err != nil {
+		return nil, nil, err
+	}
+	rel, err := filepath.Rel(root, r.host.Cgroup)
+	if err != nil {
+		return nil, nil, err
+	}
+	level := uint32(strings.Count(rel, "/") + 1)
 	var made []string
 	cleanup := func() {
 		for _, d := range made {
@@ -68,8 +82,8 @@ func (r *runner) portRules(n int) (*ports.Tables, func(), error) {
 	for i := range n {
 		name := fmt.Sprintf("w-%d", i)
 		pool := ports.Range{Lo: benchPoolLo + 2*i, Hi: benchPoolLo + 2*i + 1}
-		if i == 0 {
-			cgs[name] = []uint64{r.host.CgroupID}
+		if i == 0 && !bystander {
+			cgs[name] = []ports.Cgroup{{ID: r.host.CgroupID, Level: level}}
 			pool = ports.Range{Lo: benchPoolLo - 100, Hi: benchPoolLo - 1}
 		} else {
 			d := filepath.Join(dir, "bench-port-"+strconv.Itoa(i))
@@ -83,7 +97,7 @@ func (r *runner) portRules(n int) (*ports.Tables, func(), error) {
 				cleanup()
 				return nil, nil, err
 			}
-			cgs[name] = []uint64{id}
+			cgs[name] = []ports.Cgroup{{ID: id, Level: level}}
 		}
 		zero := 0
 		set.Workloads = append(set.Workloads, &ports.Workload{Name: name, Cgroup: "-", Ports: virtual, Pool: pool, ReuseAfter: &zero})
@@ -115,8 +129,8 @@ func (r *runner) measurePorts(c *Case, path string) (Sample, error) {
 			return s, fmt.Errorf("clearing TIME_WAIT sockets: %w", err)
 		}
 	}
-	if path == PathPortRules {
-		t, cleanup, err := r.portRules(c.Size)
+	if path != PathNoPortRules {
+		t, cleanup, err := r.portRules(c.Size, path == PathBystander)
 		if err != nil {
 			return s, err
 		}
@@ -190,8 +204,8 @@ func (r *runner) measurePorts(c *Case, path string) (Sample, error) {
 	switch {
 	case path == PathPortRules && (binds < uint64(r.o.Connects) || connects < uint64(r.o.Connects)):
 		return s, fmt.Errorf("%d binds and %d connects virtualized for %d of each under %d rules", binds, connects, r.o.Connects, c.Size)
-	case path == PathNoPortRules && (binds != 0 || connects != 0):
-		return s, fmt.Errorf("%d binds and %d connects virtualized with no rule", binds, connects)
+	case path != PathPortRules && (binds != 0 || connects != 0):
+		return s, fmt.Errorf("%d binds and %d connects virtualized on the %s path", binds, connects, path)
 	}
 	return s, nil
 }

@@ -318,8 +318,8 @@ func (r *Report) SVG(w io.Writer) error {
 
 func bindUs(s Sample) float64 { return s.BindUs }
 
-// portsMarkdown sets bind and connect under N port workload rules beside
-// none.
+// portsMarkdown sets bind and connect under N port workload rules, as a
+// bystander and as one of the workloads, beside none.
 func (r *Report) portsMarkdown(w io.Writer) {
 	for _, pl := range r.placements() {
 		rows := r.rows("", Ports, Loopback, pl)
@@ -327,13 +327,14 @@ func (r *Report) portsMarkdown(w io.Writer) {
 			continue
 		}
 		fmt.Fprintf(w, "\n### Port virtualization: N workload rules against none, a program of the node's network namespace, %s\n\n", pl)
-		fmt.Fprintln(w, "Bind: socket + bind(127.0.0.1:3101) + close (with the rules a real port is drawn from the workload's pool and given back). Connect: connect to 127.0.0.1:3100 + 64 B echoed + close (with the rules the connect reaches the workload's own binding of its virtual port). The measured program is one of the N workloads; without rules the hooks are not attached.")
-		fmt.Fprintln(w, "\n| workloads | bind none us | bind rules us | bind rules / none | connect none us | connect rules us | connect rules / none | program ms |")
-		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "Bind: socket + bind(127.0.0.1:3101) + close. Connect: connect to 127.0.0.1:3100 + 64 B echoed + close. none: no rule, no hook. bystander: N workloads with those virtual ports, the hooks on the program's cgroup, the program in none of them (what every other program pays). workload: the program is one of the N (its bind draws a real port from its pool and gives it back; its connect reaches its own binding).")
+		fmt.Fprintln(w, "\n| workloads | bind none us | bind bystander us | bystander / none | bind workload us | workload / none | connect none us | connect bystander us | bystander / none | connect workload us | workload / none | program ms |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, c := range rows {
-			bn, br := c.Median(PathNoPortRules, bindUs), c.Median(PathPortRules, bindUs)
-			cn, cr := c.Median(PathNoPortRules, mean), c.Median(PathPortRules, mean)
-			fmt.Fprintf(w, "| %d | %.2f | %.2f | %s | %.1f | %.1f | %s | %.1f |\n", c.Size, bn, br, ratio(br, bn), cn, cr, ratio(cr, cn), c.Median(PathPortRules, programMs))
+			bn, bb, bw := c.Median(PathNoPortRules, bindUs), c.Median(PathBystander, bindUs), c.Median(PathPortRules, bindUs)
+			cn, cb, cw := c.Median(PathNoPortRules, mean), c.Median(PathBystander, mean), c.Median(PathPortRules, mean)
+			fmt.Fprintf(w, "| %d | %.2f | %.2f | %s | %.2f | %s | %.1f | %.1f | %s | %.1f | %s | %.1f |\n", c.Size, bn, bb, ratio(bb, bn), bw, ratio(bw, bn),
+				cn, cb, ratio(cb, cn), cw, ratio(cw, cn), c.Median(PathPortRules, programMs))
 		}
 	}
 }

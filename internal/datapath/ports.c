@@ -9,7 +9,7 @@
  *                 port of its pool, unique on the node (or the real port the
  *                 workload already holds for it: SO_REUSEPORT groups and
  *                 conflicts behave as they would on the port itself).
- * getsockname4/6  shows the virtual port.
+ * getsockname4/6  shows the virtual port (from the claim of the real one).
  * connect4/6,     a connect or send to a virtual port of this node reaches
  * sendmsg4/6      the caller's own copy, or the copy a route names.
  * getpeername4/6, and the peer shows the virtual port.
@@ -44,18 +44,26 @@ const struct sl_pt_enums *sl_pt_enums_unused __attribute__((unused));
 #define SL_EADDRINUSE 98
 
 /* The workload of the calling process: its cgroup, or the nearest
- * ancestor registered (a pod's containers live below the pod's cgroup).
- * 0 for none. */
+ * ancestor registered (a pod's containers live below the pod's cgroup),
+ * searched only at the levels workload cgroups are at. 0 for none. */
 static __always_inline __u32 pt_workload(void)
 {
 	__u64 id = bpf_get_current_cgroup_id();
 	__u32 *wl = bpf_map_lookup_elem(&sl_pt_cgroups, &id);
 	if (wl)
 		return *wl;
-	for (int l = SL_PT_CGROUP_DEPTH - 1; l > 0; l--) {
+	__u32 zero = 0;
+	struct sl_pt_levels *lv = bpf_map_lookup_elem(&sl_pt_cglevels, &zero);
+	if (!lv)
+		return 0;
+	__u32 lo = lv->min, hi = lv->max;
+	for (int i = 0; i < SL_PT_CGROUP_DEPTH; i++) {
+		int l = (int)hi - i;
+		if (l < (int)lo || l <= 0)
+			break;
 		id = bpf_get_current_ancestor_cgroup_id(l);
 		if (!id)
-			continue;
+			continue; /* below the caller's own level */
 		wl = bpf_map_lookup_elem(&sl_pt_cgroups, &id);
 		if (wl)
 			return *wl;
@@ -210,6 +218,50 @@ static __always_inline void pt_forget_bound(struct sl_pt_sock *st, __u64 cookie)
 	st->real = 0;
 }
 
+struct mptcp_sock;
+
+/* The first subflow of an MPTCP socket binds for it, but is a kernel
+ * socket, whose release runs no program: the MPTCP socket itself gets a
+ * record of the reference (cookie 0: it never asked for one) and gives it
+ * back at its own release, also after a bind that failed. */
+static __always_inline void pt_mptcp_owner(struct bpf_sock_addr *ctx, __u32 wl, __u16 vport, __u16 real, __u8 proto)
+{
+	struct mptcp_sock *msk = bpf_skc_to_mptcp_sock(ctx->sk);
+	if (!msk)
+		return;
+	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, msk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return;
+	st->cookie = 0;
+	st->wl = wl;
+	st->vport = vport;
+	st->real = real;
+	st->proto = proto;
+	st->kind |= SL_PT_K_BOUND;
+}
+
+/* Records a reference held by a socket other than the claim's first (its
+ * cookie is in the claim): socket storage, charged to the socket's owner.
+ * Returns 0 if there is none to be had. */
+static __always_inline int pt_record(struct bpf_sock_addr *ctx, __u64 cookie, __u32 wl, __u16 vport, __u16 real, __u8 proto)
+{
+	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return 0;
+	st->cookie = cookie;
+	st->wl = wl;
+	st->vport = vport;
+	st->real = real;
+	st->proto = proto;
+	st->kind |= SL_PT_K_BOUND;
+	return 1;
+}
+
+#define SL_ENOMEM 12
+
+/* The common bind (the first socket of a real port) allocates nothing:
+ * the claim names its socket by cookie, and its release finds the claim
+ * by the socket's port. */
 static __always_inline int pt_bind(struct bpf_sock_addr *ctx, __u8 family)
 {
 	__u8 proto = pt_proto(ctx->protocol);
@@ -219,12 +271,19 @@ static __always_inline int pt_bind(struct bpf_sock_addr *ctx, __u8 family)
 	__u32 wl = pt_workload();
 	struct sl_pt_vkey vk = {.wl = wl, .port = port, .proto = proto};
 	struct sl_pt_rule *rule = wl ? bpf_map_lookup_elem(&sl_pt_vports, &vk) : 0;
+	if (!rule && (!port || !pt_in_pool(port)))
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	/* A socket binding again after a bind the kernel refused gives
+	 * back what it held (if it held it through storage; a first
+	 * socket's claim is returned by the sweep). */
+	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, 0);
+	if (st)
+		pt_forget_bound(st, cookie);
 	if (!rule) {
 		/* A bind to a pool port itself: held, so that no pool hands
 		 * it out; refused if another workload holds it (a copy's
 		 * real port is not to be joined through SO_REUSEPORT). */
-		if (!port || !pt_in_pool(port))
-			return 1;
 		struct sl_pt_pkey k = {.port = port, .proto = proto};
 		struct sl_pt_claim *c = bpf_map_lookup_elem(&sl_pt_claims, &k);
 		if (c && c->refs && c->wl != wl) {
@@ -234,31 +293,24 @@ static __always_inline int pt_bind(struct bpf_sock_addr *ctx, __u8 family)
 		}
 		if (c && c->refs)
 			return 1; /* its own: the kernel decides */
-		struct pt_alloc a = {.cookie = bpf_get_socket_cookie(ctx), .now = bpf_ktime_get_ns(),
+		struct pt_alloc a = {.cookie = cookie, .now = bpf_ktime_get_ns(),
 				     .netns = bpf_get_netns_cookie(ctx), .wl = wl, .vport = port,
 				     .proto = proto, .family = family};
 		if (pt_claim(&a, port, 1)) {
-			struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-			if (st) {
-				pt_forget_bound(st, a.cookie);
-				st->cookie = a.cookie;
-				st->wl = wl;
-				st->vport = port;
-				st->real = port;
-				st->proto = proto;
-				st->kind |= SL_PT_K_BOUND;
-			}
+			pt_mptcp_owner(ctx, wl, port, port, proto);
 			pt_count(wl, SL_PT_C_DIRECT);
 		}
 		return 1;
 	}
-	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!st)
-		return 1; /* without storage the port could not be given back: left alone */
-	__u64 cookie = bpf_get_socket_cookie(ctx);
-	pt_forget_bound(st, cookie);
 	__u16 real = 0;
 	if (port && pt_share(&vk, &real)) {
+		if (!pt_record(ctx, cookie, wl, port, real, proto)) {
+			/* Without a record the reference could not be given
+			 * back: refused, as a kernel short of memory would. */
+			pt_unclaim(real, proto, wl, port, 0);
+			bpf_set_retval(-SL_ENOMEM);
+			return 0;
+		}
 		pt_count(wl, SL_PT_C_SHARED);
 	} else {
 		__u32 n = (__u32)rule->pool_hi - rule->pool_lo + 1;
@@ -283,12 +335,7 @@ static __always_inline int pt_bind(struct bpf_sock_addr *ctx, __u8 family)
 		}
 		pt_count(wl, SL_PT_C_BINDS);
 	}
-	st->cookie = cookie;
-	st->wl = wl;
-	st->vport = port ? port : real;
-	st->real = real;
-	st->proto = proto;
-	st->kind |= SL_PT_K_BOUND;
+	pt_mptcp_owner(ctx, wl, port, real, proto);
 	ctx->user_port = bpf_htons(real);
 	return 1;
 }
@@ -299,35 +346,27 @@ int sl_pt_bind4(struct bpf_sock_addr *ctx) { return pt_bind(ctx, AF_INET); }
 SEC("cgroup/bind6")
 int sl_pt_bind6(struct bpf_sock_addr *ctx) { return pt_bind(ctx, AF_INET6); }
 
-/* The virtual port a held real port shows to sockets of its own workload
- * (0: none). For sockets without storage of their own: an MPTCP socket
- * (Go listens with MPTCP by default) was bound through its TCP subflow,
- * which holds the storage. */
-static __always_inline __u16 pt_claimed_vport(__u16 port, __u8 proto, int own)
+/* The virtual port a real port of a pool shows (0: none, or not
+ * virtualized). Only the workload that holds a real port has sockets
+ * bound to it (a bind of another is refused), so a socket's own port is
+ * answered from the claim without storage of its own: accepted sockets,
+ * MPTCP sockets (bound through their first subflow) and sockets bound
+ * before an agent restart alike. A peer's port likewise: a connect to a
+ * virtual port went to the claim's real port. */
+static __always_inline __u16 pt_claimed_vport(__u16 port, __u8 proto)
 {
 	if (!pt_in_pool(port))
 		return 0;
 	struct sl_pt_pkey k = {.port = port, .proto = proto};
 	struct sl_pt_claim *c = bpf_map_lookup_elem(&sl_pt_claims, &k);
-	if (!c || !c->refs || c->direct || !c->vport)
-		return 0;
-	if (own && c->wl != pt_workload())
+	if (!c || c->direct)
 		return 0;
 	return c->vport;
 }
 
 static __always_inline int pt_sockname(struct bpf_sock_addr *ctx)
 {
-	__u16 port = bpf_ntohs((__u16)ctx->user_port);
-	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, 0);
-	if (st) {
-		if ((st->kind & SL_PT_K_BOUND) && port == st->real)
-			ctx->user_port = bpf_htons(st->vport);
-		return 1;
-	}
-	if (ctx->protocol != IPPROTO_MPTCP)
-		return 1;
-	__u16 v = pt_claimed_vport(port, IPPROTO_TCP, 1);
+	__u16 v = pt_claimed_vport(bpf_ntohs((__u16)ctx->user_port), pt_proto(ctx->protocol));
 	if (v)
 		ctx->user_port = bpf_htons(v);
 	return 1;
@@ -411,21 +450,22 @@ static __always_inline int pt_dest(struct bpf_sock_addr *ctx, int v6)
 		return 1;
 	}
 	__u16 real = (__u16)*b;
-	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (st) {
-		st->peer_vport = port;
-		st->peer_real = real;
-		st->kind |= SL_PT_K_PEER;
+	/* The peer's port shows the virtual one from its claim; only an
+	 * address asked for needs remembering, in socket storage. */
+	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, 0);
+	if (st)
 		st->kind &= ~SL_PT_K_PEER_ADDR;
-		if (named && *named) {
+	if (named && *named) {
+		if (!st)
+			st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (st) {
+			st->peer_real = real;
 			st->peer_addr[0] = a.ip[0];
 			st->peer_addr[1] = a.ip[1];
 			st->peer_addr[2] = a.ip[2];
 			st->peer_addr[3] = a.ip[3];
 			st->kind |= SL_PT_K_PEER_ADDR;
 		}
-	}
-	if (named && *named) {
 		/* The copy listens on this node: reached over loopback. */
 		if (!v6) {
 			ctx->user_ip4 = bpf_htonl(0x7f000001);
@@ -462,34 +502,26 @@ int sl_pt_sendmsg6(struct bpf_sock_addr *ctx) { return pt_dest(ctx, 1); }
 static __always_inline int pt_peer(struct bpf_sock_addr *ctx, int v6)
 {
 	__u16 port = bpf_ntohs((__u16)ctx->user_port);
+	__u16 v = pt_claimed_vport(port, pt_proto(ctx->protocol));
+	if (!v)
+		return 1;
+	ctx->user_port = bpf_htons(v);
+	/* Reached through a workload's address: that address, not loopback. */
 	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, ctx->sk, 0, 0);
-	if (st) {
-		if (!(st->kind & SL_PT_K_PEER) || port != st->peer_real)
-			return 1;
-		ctx->user_port = bpf_htons(st->peer_vport);
-		if (!(st->kind & SL_PT_K_PEER_ADDR))
-			return 1;
-		struct sl_pt_addr a;
-		pt_addr(ctx, v6, &a);
-		if (!pt_loopback(&a))
-			return 1;
-		if (v6) {
-			ctx->user_ip6[0] = st->peer_addr[0];
-			ctx->user_ip6[1] = st->peer_addr[1];
-			ctx->user_ip6[2] = st->peer_addr[2];
-			ctx->user_ip6[3] = st->peer_addr[3];
-		} else {
-			ctx->user_ip4 = st->peer_addr[3];
-		}
+	if (!st || !(st->kind & SL_PT_K_PEER_ADDR) || st->peer_real != port)
 		return 1;
+	struct sl_pt_addr a;
+	pt_addr(ctx, v6, &a);
+	if (!pt_loopback(&a))
+		return 1;
+	if (v6) {
+		ctx->user_ip6[0] = st->peer_addr[0];
+		ctx->user_ip6[1] = st->peer_addr[1];
+		ctx->user_ip6[2] = st->peer_addr[2];
+		ctx->user_ip6[3] = st->peer_addr[3];
+	} else {
+		ctx->user_ip4 = st->peer_addr[3];
 	}
-	/* An MPTCP socket connected through its subflow: the peer's real
-	 * port, if held, shows its virtual port. */
-	if (ctx->protocol != IPPROTO_MPTCP)
-		return 1;
-	__u16 v = pt_claimed_vport(port, IPPROTO_TCP, 0);
-	if (v)
-		ctx->user_port = bpf_htons(v);
 	return 1;
 }
 
@@ -514,24 +546,33 @@ int sl_pt_release(struct bpf_sock *sk)
 	int rest = sk->state != BPF_TCP_CLOSE || sk->dst_port;
 	struct sl_pt_sock *st = bpf_sk_storage_get(&sl_pt_sk, sk, 0, 0);
 	if (st) {
-		/* Accepted sockets carry a copy of their listener's
-		 * storage: only the socket that bound gives the port back. */
-		if ((st->kind & SL_PT_K_BOUND) && bpf_get_socket_cookie(sk) == st->cookie)
+		/* A socket that shared a real port, or the MPTCP socket
+		 * whose subflow bound (cookie 0). */
+		if ((st->kind & SL_PT_K_BOUND) && (!st->cookie || bpf_get_socket_cookie(sk) == st->cookie))
 			pt_unclaim(st->real, st->proto, st->wl, st->vport, rest && st->proto == IPPROTO_TCP);
 		return 1;
 	}
-	/* An MPTCP socket was bound through its first TCP subflow, which
-	 * holds the storage but is a kernel socket: its release runs no
-	 * program. The MPTCP socket that bound is the listener, or one
-	 * bound and never connected (an accepted one has a peer). */
-	if (sk->protocol != IPPROTO_MPTCP || (sk->state != BPF_TCP_LISTEN && sk->dst_port))
+	/* The first socket of a claim: found by its port, told apart from
+	 * the sockets accepted on it by its cookie (a socket that never
+	 * asked for one did not bind through socklane). */
+	if (!sock_has_cookie(sk))
 		return 1;
 	__u16 port = sock_local_port(sk);
 	if (!port || !pt_in_pool(port))
 		return 1;
-	struct sl_pt_pkey k = {.port = port, .proto = IPPROTO_TCP};
+	__u8 proto = pt_proto(sk->protocol);
+	struct sl_pt_pkey k = {.port = port, .proto = proto};
 	struct sl_pt_claim *c = bpf_map_lookup_elem(&sl_pt_claims, &k);
-	if (c && c->refs)
-		pt_unclaim(port, IPPROTO_TCP, c->wl, c->vport, rest);
+	if (!c || !c->refs)
+		return 1;
+	if (c->cookie != bpf_get_socket_cookie(sk)) {
+		/* An MPTCP socket whose record could not be made at bind
+		 * (pt_mptcp_owner): the one that bound is the listener, or
+		 * one bound and never connected (an accepted one has a
+		 * peer). */
+		if (sk->protocol != IPPROTO_MPTCP || (sk->state != BPF_TCP_LISTEN && sk->dst_port))
+			return 1;
+	}
+	pt_unclaim(port, proto, c->wl, c->vport, rest && proto == IPPROTO_TCP);
 	return 1;
 }

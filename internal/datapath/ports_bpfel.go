@@ -68,9 +68,14 @@ type portsSlPtKind uint32
 
 const (
 	portsSlPtKindSL_PT_K_BOUND     portsSlPtKind = 1
-	portsSlPtKindSL_PT_K_PEER      portsSlPtKind = 2
-	portsSlPtKindSL_PT_K_PEER_ADDR portsSlPtKind = 4
+	portsSlPtKindSL_PT_K_PEER_ADDR portsSlPtKind = 2
 )
+
+type portsSlPtLevels struct {
+	_   structs.HostLayout
+	Min uint32
+	Max uint32
+}
 
 type portsSlPtLimits uint32
 
@@ -102,17 +107,17 @@ type portsSlPtRule struct {
 }
 
 type portsSlPtSock struct {
-	_         structs.HostLayout
-	Cookie    uint64
-	Wl        uint32
-	Vport     uint16
-	Real      uint16
-	PeerVport uint16
-	PeerReal  uint16
-	Kind      uint8
-	Proto     uint8
-	Pad       uint16
-	PeerAddr  [4]uint32
+	_        structs.HostLayout
+	Cookie   uint64
+	Wl       uint32
+	Vport    uint16
+	Real     uint16
+	PeerReal uint16
+	Pad0     uint16
+	Kind     uint8
+	Proto    uint8
+	Pad      uint16
+	PeerAddr [4]uint32
 }
 
 type portsSlPtVkey struct {
@@ -131,6 +136,7 @@ const (
 	portsMapSlEvents          = "sl_events"
 	portsMapSlPtAddrs         = "sl_pt_addrs"
 	portsMapSlPtBinds         = "sl_pt_binds"
+	portsMapSlPtCglevels      = "sl_pt_cglevels"
 	portsMapSlPtCgroups       = "sl_pt_cgroups"
 	portsMapSlPtClaims        = "sl_pt_claims"
 	portsMapSlPtPool          = "sl_pt_pool"
@@ -219,6 +225,7 @@ type portsMapSpecs struct {
 	SlEvents     *ebpf.MapSpec `ebpf:"sl_events"`
 	SlPtAddrs    *ebpf.MapSpec `ebpf:"sl_pt_addrs"`
 	SlPtBinds    *ebpf.MapSpec `ebpf:"sl_pt_binds"`
+	SlPtCglevels *ebpf.MapSpec `ebpf:"sl_pt_cglevels"`
 	SlPtCgroups  *ebpf.MapSpec `ebpf:"sl_pt_cgroups"`
 	SlPtClaims   *ebpf.MapSpec `ebpf:"sl_pt_claims"`
 	SlPtPool     *ebpf.MapSpec `ebpf:"sl_pt_pool"`
@@ -259,6 +266,7 @@ type portsMaps struct {
 	SlEvents     *ebpf.Map `ebpf:"sl_events"`
 	SlPtAddrs    *ebpf.Map `ebpf:"sl_pt_addrs"`
 	SlPtBinds    *ebpf.Map `ebpf:"sl_pt_binds"`
+	SlPtCglevels *ebpf.Map `ebpf:"sl_pt_cglevels"`
 	SlPtCgroups  *ebpf.Map `ebpf:"sl_pt_cgroups"`
 	SlPtClaims   *ebpf.Map `ebpf:"sl_pt_claims"`
 	SlPtPool     *ebpf.Map `ebpf:"sl_pt_pool"`
@@ -274,6 +282,7 @@ func (m *portsMaps) Close() error {
 		m.SlEvents,
 		m.SlPtAddrs,
 		m.SlPtBinds,
+		m.SlPtCglevels,
 		m.SlPtCgroups,
 		m.SlPtClaims,
 		m.SlPtPool,

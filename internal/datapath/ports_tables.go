@@ -118,8 +118,27 @@ func (d *Datapath) ApplyPorts(t *ports.Tables) error {
 	if err := syncMap(m.SlPtVports, vports); err != nil {
 		return err
 	}
+	// Levels widened before the cgroups are written, narrowed after.
+	var lv portsSlPtLevels
+	if err := m.SlPtCglevels.Lookup(uint32(0), &lv); err != nil {
+		return fmt.Errorf("reading the workload levels: %w", err)
+	}
+	want := portsSlPtLevels{Min: t.MinLevel, Max: t.MaxLevel}
+	wide := want
+	if lv.Max > 0 {
+		wide = portsSlPtLevels{Min: min(lv.Min, want.Min), Max: max(lv.Max, want.Max)}
+		if want.Max == 0 {
+			wide = lv
+		}
+	}
+	if err := m.SlPtCglevels.Put(uint32(0), wide); err != nil {
+		return fmt.Errorf("writing the workload levels: %w", err)
+	}
 	if err := syncMap(m.SlPtCgroups, t.Cgroups); err != nil {
 		return err
+	}
+	if err := m.SlPtCglevels.Put(uint32(0), want); err != nil {
+		return fmt.Errorf("writing the workload levels: %w", err)
 	}
 	index := map[portsSlPtPkey]portsSlPtIndex{}
 	for k, route := range t.Index {

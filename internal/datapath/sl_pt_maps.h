@@ -20,6 +20,13 @@ struct {
 } sl_pt_cgroups SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sl_pt_levels);
+} sl_pt_cglevels SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_PT_MAX_VPORTS);
 	__type(key, struct sl_pt_vkey);
@@ -67,11 +74,9 @@ struct {
 	__type(value, __u32);
 } sl_pt_addrs SEC(".maps");
 
-/* Cloned into accepted sockets: their getsockname shows the virtual port
- * without a lookup. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_CLONE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct sl_pt_sock);
 } sl_pt_sk SEC(".maps");

@@ -41,9 +41,8 @@ enum sl_pt_flag {
 
 /* What socket storage records (sl_pt_sock.kind bits). */
 enum sl_pt_kind {
-	SL_PT_K_BOUND = 1, /* bound to real, shown as vport */
-	SL_PT_K_PEER = 2,  /* connected or sent to peer_real, shown as peer_vport */
-	SL_PT_K_PEER_ADDR = 4, /* and to a workload's address, shown instead of loopback */
+	SL_PT_K_BOUND = 1,     /* holds a reference on the claim of real */
+	SL_PT_K_PEER_ADDR = 2, /* connected or sent to peer_real through a workload's address, shown instead of loopback */
 };
 
 struct sl_pt_vkey {
@@ -91,13 +90,15 @@ struct sl_pt_claim {
 	__u32 pad;
 };
 
+/* Socket storage, created only by a bind to a virtual or pool port and by
+ * a connect or send to a workload's address. */
 struct sl_pt_sock {
-	__u64 cookie; /* the socket that holds the claim (accepted sockets inherit the rest) */
+	__u64 cookie; /* the socket that holds the claim */
 	__u32 wl;
 	__u16 vport;
 	__u16 real;
-	__u16 peer_vport;
 	__u16 peer_real;
+	__u16 pad0;
 	__u8 kind; /* enum sl_pt_kind bits */
 	__u8 proto;
 	__u16 pad;
@@ -106,6 +107,13 @@ struct sl_pt_sock {
 
 struct sl_pt_count {
 	__u64 c[SL_PT_C_MAX];
+};
+
+/* The levels of the hierarchy workload cgroups are at (root: 0): the
+ * search for a caller's workload looks only there. */
+struct sl_pt_levels {
+	__u32 min;
+	__u32 max;
 };
 
 struct sl_pt_addr {

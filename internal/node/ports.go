@@ -191,11 +191,23 @@ func ApplyPorts(ctx context.Context, dp *datapath.Datapath, name string, set *po
 		}
 	}
 	ids := ports.AssignIDs(set, keep)
-	cgIDs := map[string][]uint64{}
+	root, err := cgroups.Root()
+	if err != nil {
+		return PortsResult{}, err
+	}
+	cgIDs := map[string][]ports.Cgroup{}
 	nCg := 0
 	for n, ts := range cgs {
 		for _, t := range ts {
-			cgIDs[n] = append(cgIDs[n], t.ID)
+			rel, err := filepath.Rel(root, t.Path)
+			if err != nil {
+				return PortsResult{}, fmt.Errorf("workload %s: cgroup %s: %w", n, t.Path, err)
+			}
+			level := uint32(0)
+			if rel != "." {
+				level = uint32(strings.Count(rel, "/") + 1)
+			}
+			cgIDs[n] = append(cgIDs[n], ports.Cgroup{ID: t.ID, Level: level})
 			nCg++
 		}
 	}

@@ -62,18 +62,31 @@ type Tables struct {
 	WorkloadAddrs map[netip.Addr]uint32
 	// Workloads are the ids in use.
 	Workloads []uint32
+	// MinLevel and MaxLevel are the levels of the cgroup hierarchy
+	// (root: 0) the workloads' cgroups are at.
+	MinLevel, MaxLevel uint32
+}
+
+// Cgroup is a workload's cgroup: its id and its level in the hierarchy.
+type Cgroup struct {
+	ID    uint64
+	Level uint32
 }
 
 // Compile turns a validated set into tables. ids names each workload's id;
-// cgroups, each workload's cgroup ids (resolved by the caller).
-func Compile(set *Set, ids map[string]uint32, cgroups map[string][]uint64, addrs []netip.Addr) *Tables {
+// cgroups, each workload's cgroups (resolved by the caller).
+func Compile(set *Set, ids map[string]uint32, cgroups map[string][]Cgroup, addrs []netip.Addr) *Tables {
 	t := &Tables{Cgroups: map[uint64]uint32{}, VPorts: map[VKey]Rule{}, Index: map[PKey]uint32{}, Addrs: addrs,
 		WorkloadAddrs: map[netip.Addr]uint32{}}
 	for _, w := range set.Workloads {
 		id := ids[w.Name]
 		t.Workloads = append(t.Workloads, id)
 		for _, cg := range cgroups[w.Name] {
-			t.Cgroups[cg] = id
+			t.Cgroups[cg.ID] = id
+			if t.MinLevel == 0 || cg.Level < t.MinLevel {
+				t.MinLevel = cg.Level
+			}
+			t.MaxLevel = max(t.MaxLevel, cg.Level)
 		}
 		for _, a := range w.Addresses {
 			t.WorkloadAddrs[a] = id

@@ -93,7 +93,10 @@ func TestCompile(t *testing.T) {
 	if ids["b"] != 7 || ids["a"] != 2 {
 		t.Fatalf("ids %v: want b kept at 7, a the lowest free (2: 1 is a retired workload's)", ids)
 	}
-	tb := Compile(set, ids, map[string][]uint64{"a": {10, 11}, "b": {12}}, []netip.Addr{netip.MustParseAddr("198.18.0.1")})
+	tb := Compile(set, ids, map[string][]Cgroup{"a": {{10, 3}, {11, 5}}, "b": {{12, 4}}}, []netip.Addr{netip.MustParseAddr("198.18.0.1")})
+	if tb.MinLevel != 3 || tb.MaxLevel != 5 {
+		t.Errorf("levels %d..%d, want 3..5", tb.MinLevel, tb.MaxLevel)
+	}
 	if tb.WorkloadAddrs[netip.MustParseAddr("198.19.9.1")] != 2 || tb.WorkloadAddrs[netip.MustParseAddr("2001:db8:9::1")] != 2 || len(tb.WorkloadAddrs) != 2 {
 		t.Errorf("workload addresses %v", tb.WorkloadAddrs)
 	}

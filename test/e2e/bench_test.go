@@ -236,7 +236,7 @@ func TestBenchPorts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("socklane bench --measure ports: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "| bind rules / none |") {
+	if !strings.Contains(string(out), "| bind bystander us |") {
 		t.Errorf("no Markdown table in the output:\n%s", out)
 	}
 	rep := readReport(t, jsonPath)
@@ -249,8 +249,11 @@ func TestBenchPorts(t *testing.T) {
 			if len(ss) != 2 {
 				t.Errorf("ports %d %s %s: %d samples, want 2", c.Size, c.Placement, path, len(ss))
 			}
+			if len(c.Paths()) != 3 {
+				t.Errorf("ports %d: paths %v, want none, bystander and workload", c.Size, c.Paths())
+			}
 			for _, s := range ss {
-				if s.BindUs <= 0 || s.Mean <= 0 || (s.ProgramMs > 0) != (path == bench.PathPortRules) {
+				if s.BindUs <= 0 || s.Mean <= 0 || (s.ProgramMs > 0) != (path != bench.PathNoPortRules) {
 					t.Errorf("ports %d %s %s: bind %.2f us, connect %.1f us, programming %.2f ms", c.Size, c.Placement, path, s.BindUs, s.Mean, s.ProgramMs)
 				}
 			}

@@ -544,7 +544,15 @@ func (lb *lbBed) apply(t *testing.T, yaml string) string {
 
 func (lb *lbBed) probe(t *testing.T, from *testbed.Pod, mode, target string, count int) *peer.LBProbe {
 	t.Helper()
-	cmd, err := from.Command(lb.in.Bin, "peer", "lbprobe", target, "--mode", mode, "--count", fmt.Sprint(count))
+	return probeFrom(t, lb.in, from, mode, target, count)
+}
+
+// probeFrom runs `peer lbprobe` in a pod: count connects (or sends) to
+// target over mode, with what answered and whether the peer showed as
+// target.
+func probeFrom(t *testing.T, in *testutil.Instance, from *testbed.Pod, mode, target string, count int) *peer.LBProbe {
+	t.Helper()
+	cmd, err := from.Command(in.Bin, "peer", "lbprobe", target, "--mode", mode, "--count", fmt.Sprint(count))
 	if err != nil {
 		t.Fatal(err)
 	}

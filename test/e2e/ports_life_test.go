@@ -3,10 +3,14 @@ package e2e
 import (
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/socklane/socklane/internal/testbed"
 )
 
 // TestPortsSharing: SO_REUSEPORT copies of one workload share its real
@@ -43,6 +47,18 @@ func TestPortsSharing(t *testing.T) {
 	if b3[0].Error != "EADDRINUSE" {
 		t.Errorf("a second bind without SO_REUSEPORT: %+v; want EADDRINUSE", b3[0])
 	}
+	// A process in a cgroup below the workload's (a container of a pod)
+	// is the workload's too: it joins the reuseport group.
+	child := filepath.Join(pb.a.Cgroup, "ctr")
+	if err := os.Mkdir(child, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(child) })
+	b4, _ := pb.bindShow(t, &testbed.Pod{Name: "pta-ctr", Cgroup: child}, "a4", "--reuseport", "tcp4:0.0.0.0:3001")
+	mustBind(t, b4, ":3001")
+	if r, n := pb.list(t).real("wa", "TCP", 3001); r != real || n != 3 {
+		t.Errorf("after a bind from wa's child cgroup: real port %d held by %d sockets; want %d by 3", r, n, real)
+	}
 	// wb's copy gets a real port of its own from the same pool.
 	bb, _ := pb.bindShow(t, pb.b, "b", "tcp4:0.0.0.0:3001")
 	mustBind(t, bb, ":3001")
@@ -60,7 +76,7 @@ func TestPortsSharing(t *testing.T) {
 		t.Errorf("wb's counters %v; want foreign_bind counted", c)
 	}
 	r = probeFrom(t, pb.in, pb.a, "tcp", "127.0.0.1:3001", 20)
-	if r.Replies["evil 3001"] != 0 || r.Replies["a1 3001"]+r.Replies["a2 3001"] != 20 {
+	if r.Replies["evil 3001"] != 0 || r.Replies["a1 3001"]+r.Replies["a2 3001"]+r.Replies["a4 3001"] != 20 {
 		t.Errorf("after the attack, wa's clients got %v", r.Replies)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -210,12 +209,7 @@ func TestPortsSideBySide(t *testing.T) {
 		t.Errorf("something listens on port 3000 itself")
 	}
 
-	for _, tc := range []struct {
-		from   *testbed.Pod
-		mode   string
-		target string
-		want   string
-	}{
+	probeAll(t, pb.in, []probeCase{
 		{pb.a, "tcp", "127.0.0.1:3000", "a 3000"},
 		{pb.a, "tcp", "[::1]:3000", "a 3000"},
 		{pb.b, "tcp", "127.0.0.1:3000", "b 3000"},
@@ -226,14 +220,7 @@ func TestPortsSideBySide(t *testing.T) {
 		{pb.a, "udp-unconnected", "[::1]:3000", "a"},
 		{pb.b, "udp", "[::1]:3000", "b"},
 		{pb.c, "udp-unconnected", "127.0.0.1:3000", "b"},
-	} {
-		name := tc.from.Name + "/" + tc.mode + "/" + tc.target
-		r := probeFrom(t, pb.in, tc.from, tc.mode, tc.target, 3)
-		if r.Replies[tc.want] != 3 || r.PeerMismatch != 0 {
-			t.Errorf("%s: replies %v, peer mismatches %d (last peer %s), errors %v; want 3 x %q and the peer shown as the virtual port",
-				name, r.Replies, r.PeerMismatch, r.LastPeer, r.Errors, tc.want)
-		}
-	}
+	})
 	c := pb.list(t).Counters
 	if c["wa"]["connects"] < 12 || c["wb"]["routed"] < 6 || c["wb"]["connects"] < 9 {
 		t.Errorf("counters: wa %v, wb %v", c["wa"], c["wb"])
@@ -243,22 +230,26 @@ func TestPortsSideBySide(t *testing.T) {
 	}
 }
 
-// probeFrom runs `peer lbprobe` in a pod.
-func probeFrom(t *testing.T, in *testutil.Instance, from *testbed.Pod, mode, target string, count int) *peer.LBProbe {
+// probeCase is a client in a pod probing a target, and the one answer
+// every probe must get.
+type probeCase struct {
+	from   *testbed.Pod
+	mode   string
+	target string
+	want   string
+}
+
+// probeAll runs each case three times: every answer is the wanted one and
+// every peer shows the target asked for.
+func probeAll(t *testing.T, in *testutil.Instance, cases []probeCase) {
 	t.Helper()
-	cmd, err := from.Command(in.Bin, "peer", "lbprobe", target, "--mode", mode, "--count", strconv.Itoa(count))
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range cases {
+		r := probeFrom(t, in, tc.from, tc.mode, tc.target, 3)
+		if r.Replies[tc.want] != 3 || r.PeerMismatch != 0 {
+			t.Errorf("%s/%s/%s: replies %v, peer mismatches %d (last peer %s), errors %v; want 3 x %q and the peer shown as asked for",
+				tc.from.Name, tc.mode, tc.target, r.Replies, r.PeerMismatch, r.LastPeer, r.Errors, tc.want)
+		}
 	}
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("lbprobe %s %s: %v", mode, target, err)
-	}
-	var r peer.LBProbe
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("parsing %q: %v", out, err)
-	}
-	return &r
 }
 
 // TestPortsAddresses: a workload's own addresses reach its copy from
@@ -284,12 +275,7 @@ func TestPortsAddresses(t *testing.T) {
 	bb, _ := pb.bindShow(t, pb.b, "b", specs...)
 	mustBind(t, ba, ":3000")
 	mustBind(t, bb, ":3000")
-	for _, tc := range []struct {
-		from   *testbed.Pod
-		mode   string
-		target string
-		want   string
-	}{
+	probeAll(t, pb.in, []probeCase{
 		{pb.c, "tcp", "198.19.200.1:3000", "a 3000"},
 		{pb.c, "tcp", "198.19.200.2:3000", "b 3000"},
 		{pb.c, "tcp", "[2001:db8:200::2]:3000", "b 3000"},
@@ -298,14 +284,7 @@ func TestPortsAddresses(t *testing.T) {
 		{pb.c, "udp", "198.19.200.1:3000", "a"},
 		{pb.c, "udp-unconnected", "198.19.200.2:3000", "b"},
 		{pb.a, "udp-unconnected", "[2001:db8:200::2]:3000", "b"},
-	} {
-		name := tc.from.Name + "/" + tc.mode + "/" + tc.target
-		r := probeFrom(t, pb.in, tc.from, tc.mode, tc.target, 3)
-		if r.Replies[tc.want] != 3 || r.PeerMismatch != 0 {
-			t.Errorf("%s: replies %v, peer mismatches %d (last peer %s), errors %v; want 3 x %q and the peer shown as the address asked for",
-				name, r.Replies, r.PeerMismatch, r.LastPeer, r.Errors, tc.want)
-		}
-	}
+	})
 	if c := pb.list(t).Counters; c["wa"]["routed"] < 9 || c["wb"]["routed"] < 15 {
 		t.Errorf("routed counters: wa %v, wb %v", c["wa"], c["wb"])
 	}
