@@ -198,14 +198,22 @@ func newPeerCmd() *cobra.Command {
 	probe.Flags().StringVar(&mode, "mode", "tcp", "tcp, udp (connected) or udp-unconnected")
 	var bindLabel string
 	var bindReuseport bool
+	var bindFor time.Duration
 	bindshow := &cobra.Command{
 		Use:   "bindshow SPEC...",
 		Short: "Bind tcp4:ADDR:PORT, tcp6:[ADDR]:PORT, udp4:..., udp6:... (IPv6-only), print what bind and getsockname gave as JSON, then answer each",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return peer.BindShow(cmd.Context(), os.Stdout, args, bindLabel, bindReuseport)
+			ctx := cmd.Context()
+			if bindFor > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, bindFor)
+				defer cancel()
+			}
+			return peer.BindShow(ctx, os.Stdout, args, bindLabel, bindReuseport)
 		},
 	}
+	bindshow.Flags().DurationVar(&bindFor, "for", 0, "serve this long, then exit (0: until interrupted)")
 	bindshow.Flags().StringVar(&bindLabel, "label", "", "what to answer")
 	bindshow.Flags().BoolVar(&bindReuseport, "reuseport", false, "set SO_REUSEPORT before binding")
 	var bindCount int

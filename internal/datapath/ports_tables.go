@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"time"
@@ -23,6 +24,16 @@ func CheckPortBudget(t *ports.Tables, poolSizes map[string]int) error {
 		return fmt.Errorf("%d virtual ports (ranges count every port): the datapath holds at most %d", len(t.VPorts), portsSlPtLimitsSL_PT_MAX_VPORTS)
 	case len(t.Addrs)+len(t.WorkloadAddrs) > int(portsSlPtLimitsSL_PT_MAX_ADDRS):
 		return fmt.Errorf("%d node addresses and %d workload addresses: port virtualization holds at most %d", len(t.Addrs), len(t.WorkloadAddrs), portsSlPtLimitsSL_PT_MAX_ADDRS)
+	}
+	// Claims are made only for pool ports, TCP and UDP: with every pool
+	// port of both held, the table is just full, so no pod can fill it
+	// (by binding pool ports itself) for others.
+	pooled := 0
+	for _, w := range t.Pool {
+		pooled += bits.OnesCount64(w)
+	}
+	if 2*pooled > int(portsSlPtLimitsSL_PT_MAX_CLAIMS) {
+		return fmt.Errorf("the pools hold %d ports together: at most %d (the real ports of both protocols must fit the claim table)", pooled, portsSlPtLimitsSL_PT_MAX_CLAIMS/2)
 	}
 	for name, n := range poolSizes {
 		if n > int(portsSlPtLimitsSL_PT_MAX_POOL) {

@@ -154,37 +154,39 @@ static __always_inline int peer_may_redirect(struct sock *sk)
  * sock_common, at 88 bytes on 6.18). */
 #define SL_SOCK_HEAD 128
 
-/* Whether the kernel ever gave sk a cookie. bpf_get_socket_cookie creates
- * one (a global sequence and a compare-and-swap on a socket that is
- * usually cold); this only reads. A bpf_sock cannot be turned into a
- * struct sock in cgroup sock programs, nor offset, so the head of the
- * socket is copied to the stack and the cookie read there at its BTF
- * offset. Returns 1 when it cannot tell. */
-static __always_inline int sock_has_cookie(const void *sk)
+/* Copies size bytes at offset off (a BTF offset, constant once loaded)
+ * of a socket's head to out. A bpf_sock cannot be turned into a struct
+ * sock in cgroup sock programs, nor offset, so the head of the socket is
+ * copied to the stack and the field read there. Returns 0 on success. */
+static __always_inline int sock_head_read(const void *sk, __u32 off, __u32 size, void *out)
 {
 	__u8 head[SL_SOCK_HEAD];
-	__u32 off = bpf_core_field_offset(struct sock, __sk_common.skc_cookie);
-	if (off > SL_SOCK_HEAD - sizeof(__s64))
-		return 1;
-	if (bpf_probe_read_kernel(head, off + sizeof(__s64), sk))
-		return 1;
+	if (off > SL_SOCK_HEAD - size)
+		return -1;
+	if (bpf_probe_read_kernel(head, off + size, sk))
+		return -1;
+	__builtin_memcpy(out, head + off, size);
+	return 0;
+}
+
+/* Whether the kernel ever gave sk a cookie. bpf_get_socket_cookie creates
+ * one (a global sequence and a compare-and-swap on a socket that is
+ * usually cold); this only reads. Returns 1 when it cannot tell. */
+static __always_inline int sock_has_cookie(const void *sk)
+{
 	__s64 cookie;
-	__builtin_memcpy(&cookie, head + off, sizeof(cookie));
+	if (sock_head_read(sk, bpf_core_field_offset(struct sock, __sk_common.skc_cookie), sizeof(cookie), &cookie))
+		return 1;
 	return cookie != 0;
 }
 
-/* The local port of sk, read as sock_has_cookie reads the cookie (a
- * release program's bpf_sock offers no port). 0 if it cannot tell. */
+/* The local port of sk (a release program's bpf_sock offers none). 0 if
+ * it cannot tell. */
 static __always_inline __u16 sock_local_port(const void *sk)
 {
-	__u8 head[SL_SOCK_HEAD];
-	__u32 off = bpf_core_field_offset(struct sock, __sk_common.skc_num);
-	if (off > SL_SOCK_HEAD - sizeof(__u16))
-		return 0;
-	if (bpf_probe_read_kernel(head, off + sizeof(__u16), sk))
-		return 0;
 	__u16 port;
-	__builtin_memcpy(&port, head + off, sizeof(port));
+	if (sock_head_read(sk, bpf_core_field_offset(struct sock, __sk_common.skc_num), sizeof(port), &port))
+		return 0;
 	return port;
 }
 

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/socklane/socklane/internal/ports"
 	"github.com/socklane/socklane/internal/testutil"
 )
 
@@ -53,6 +54,15 @@ func renderChart(t *testing.T, dir, release, namespace string, set map[string]an
 		tpl, err := template.New(filepath.Base(f)).Option("missingkey=error").Funcs(template.FuncMap{
 			"quote": func(v any) string { return fmt.Sprintf("%q", fmt.Sprint(v)) },
 			"or":    func(a, b any) bool { return truthy(a) || truthy(b) },
+			// Helm's (sprig's) toYaml and indent.
+			"toYaml": func(v any) (string, error) {
+				b, err := yaml.Marshal(v)
+				return strings.TrimSuffix(string(b), "\n"), err
+			},
+			"indent": func(n int, s string) string {
+				pad := strings.Repeat(" ", n)
+				return pad + strings.ReplaceAll(s, "\n", "\n"+pad)
+			},
 		}).ParseFiles(f)
 		if err != nil {
 			t.Fatalf("parsing %s: %v", f, err)
@@ -98,6 +108,8 @@ func dryRun(t *testing.T, cs kubernetes.Interface, manifest []byte) []runtime.Ob
 			_, err = cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, opts)
 		case *appsv1.DaemonSet:
 			_, err = cs.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
+		case *corev1.ConfigMap:
+			_, err = cs.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, opts)
 		default:
 			t.Fatalf("document %d: unexpected kind %T", i, obj)
 		}
@@ -180,7 +192,8 @@ func TestDeploy(t *testing.T) {
 	}
 	syncSet := map[string]any{"enabled": true, "port": 7400, "certSecret": "socklane-sync", "lease": "lb-pair",
 		"maps": []any{"/sys/fs/bpf/lb/conntrack,changes=/sys/fs/bpf/lb,mode=active-standby"}}
-	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}, {"sync": syncSet}} {
+	portsSet := map[string]any{"workloads": []any{map[string]any{"name": "ci-a", "selector": "app=ci", "ports": []any{map[string]any{"port": 3000}}, "pool": "20000-20099"}}}
+	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}, {"sync": syncSet}, {"ports": portsSet}} {
 		chart := renderChart(t, filepath.Join(root, "helm", "socklane"), "sl", "kube-system", set)
 		objs := dryRun(t, api.Client, chart)
 		var args []string
@@ -191,6 +204,19 @@ func TestDeploy(t *testing.T) {
 			}
 		}
 		joined := strings.Join(args, " ")
+		if strings.Contains(joined, "--ports=/etc/socklane/ports/ports.yaml") != (set["ports"] != nil) {
+			t.Errorf("chart with %v: agent args %v", set, args)
+		}
+		for _, o := range objs {
+			cm, ok := o.(*corev1.ConfigMap)
+			if !ok {
+				continue
+			}
+			// The rendered file is one the agent accepts.
+			if _, err := ports.Parse([]byte(cm.Data["ports.yaml"])); err != nil || set["ports"] == nil {
+				t.Errorf("chart with %v: ConfigMap %s: %v\n%s", set, cm.Name, err, cm.Data["ports.yaml"])
+			}
+		}
 		if set["sync"] != nil {
 			for _, want := range []string{"--sync-listen=$(NODE_IP):7400", "--sync-peers-from=kube-system/app.kubernetes.io/name=socklane,app.kubernetes.io/instance=sl",
 				"--sync-cert=/etc/socklane/sync/$(NODE_NAME).pem", "--sync-map=/sys/fs/bpf/lb/conntrack,changes=/sys/fs/bpf/lb,mode=active-standby",

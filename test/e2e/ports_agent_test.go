@@ -89,6 +89,7 @@ func TestPortsBadRules(t *testing.T) {
 		{"route to nothing", "workloads:\n  - name: wa\n    cgroup: %A\n    ports: [{port: 3000}]\n    pool: 21000-21009\nroutes:\n  - {port: 3001, to: wa}\n", "has no virtual port 3001/TCP"},
 		{"ephemeral pool", "workloads:\n  - name: wa\n    cgroup: %A\n    ports: [{port: 3000}]\n    pool: 40000-40009\n", "ip_local_port_range"},
 		{"missing cgroup", "workloads:\n  - name: wa\n    cgroup: /sys/fs/cgroup/does/not/exist\n    ports: [{port: 3000}]\n    pool: 21000-21009\n", "workload wa"},
+		{"pools too large together", "workloads:\n  - {name: wa, cgroup: %A, ports: [{port: 80}], pool: 1024-17407}\n  - {name: wb, cgroup: %B, ports: [{port: 80}], pool: 17408-32767}\n  - {name: wc, cgroup: %C, ports: [{port: 80}], pool: 61000-65535}\n", "at most 32768"},
 		{"pool too large", "workloads:\n  - name: wa\n    cgroup: %A\n    ports: [{port: 80}]\n    pool: 1024-32000\n", "at most 16384"},
 	} {
 		out, err := pb.in.Run("ports", "apply", "-f", pb.rules(t, tc.yaml))

@@ -1,33 +1,38 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/socklane/socklane/internal/cri"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
 )
 
 // TestPortsRedis: two unmodified redis-server --port 3000 side by side in
-// the node's network namespace, each reached by its own redis-cli -p 3000
-// (and a client elsewhere by the route), their data apart.
+// the node's network namespace (one workload named by its cgroup, the
+// other by a process), each reached by its own redis-cli -p 3000 (and a
+// client elsewhere by the route), their data apart.
 func TestPortsRedis(t *testing.T) {
 	server := testutil.RequireCommand(t, "redis-server")
 	cli := testutil.RequireCommand(t, "redis-cli")
 	pb := newPortBed(t)
-	pb.apply(t, `workloads:
+	// redis-b is named by a process of its cgroup.
+	holder := start(t, pb.b, pb.in.Bin, "peer", "pause")
+	pb.apply(t, fmt.Sprintf(`workloads:
   - name: redis-a
-    cgroup: %A
+    cgroup: %%A
     ports: [{port: 3000}]
     pool: 21300-21309
   - name: redis-b
-    cgroup: %B
+    pid: %d
     ports: [{port: 3000}]
     pool: 21300-21309
 routes:
   - {port: 3000, to: redis-b}
-`)
+`, holder.cmd.Process.Pid))
 	for _, p := range []*testbed.Pod{pb.a, pb.b} {
 		start(t, p, server, "--port", "3000", "--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--daemonize", "no")
 	}
@@ -152,5 +157,67 @@ routes:
 	mustAtLeast(t, d, "redirect_bytes", 2*uint64(len(value)))
 	if c := pb.list(t).Counters["wa"]; c["connects"] < 2 || c["routed"] < 2 {
 		t.Errorf("wa's counters %v: want the connects through its virtual port counted", c)
+	}
+}
+
+// TestPortsCRIPods: workloads named by pod (through the container
+// runtime's CRI) and by label selector: each pod's program binds 3000 and
+// sees 3000, gets a real port of the shared pool unique on the node, and
+// its own client reaches it.
+func TestPortsCRIPods(t *testing.T) {
+	rt := testutil.StartContainerd(t)
+	pb := newPortBed(t)
+	rt.RunPod("default", "copy-a", map[string]string{"app": "copy-a"}, testutil.ContainerSpec{Name: "app", Args: []string{"peer", "pause"}})
+	rt.RunPod("default", "copy-b", map[string]string{"app": "copy-b", "tier": "x"}, testutil.ContainerSpec{Name: "app", Args: []string{"peer", "pause"}})
+	pods := criPods(t, rt)
+	a, b := pods["default/copy-a"], pods["default/copy-b"]
+	file := pb.rules(t, `workloads:
+  - name: by-pod
+    pod: default/copy-a
+    container: app
+    ports: [{port: 3000}]
+    pool: 21700-21701
+  - name: by-selector
+    selector: app=copy-b,tier=x
+    ports: [{port: 3000}]
+    pool: 21700-21701
+`)
+	pb.in.MustRun("ports", "apply", "-f", file, "--cri-socket", rt.Socket)
+	type served struct {
+		out string
+		err error
+	}
+	done := map[string]chan served{}
+	for name, p := range map[string]cri.Pod{"a": a, "b": b} {
+		ch := make(chan served, 1)
+		done[name] = ch
+		go func() {
+			out, err := rt.Exec(p.Containers[0].ID, 30*time.Second, "/socklane", "peer", "bindshow", "--label", name, "--for", "8s", "tcp4:0.0.0.0:3000")
+			ch <- served{out, err}
+		}()
+	}
+	var l portList
+	waitFor(t, func() bool {
+		l = pb.list(t)
+		ra, _ := l.real("by-pod", "TCP", 3000)
+		rb, _ := l.real("by-selector", "TCP", 3000)
+		return ra != 0 && rb != 0
+	})
+	ra, _ := l.real("by-pod", "TCP", 3000)
+	rb, _ := l.real("by-selector", "TCP", 3000)
+	if ra == rb || ra < 21700 || ra > 21701 || rb < 21700 || rb > 21701 {
+		t.Errorf("real ports %d and %d: want the two ports of the shared pool", ra, rb)
+	}
+	for name, p := range map[string]cri.Pod{"a": a, "b": b} {
+		out, err := rt.Exec(p.Containers[0].ID, 20*time.Second, "/socklane", "peer", "lbprobe", "127.0.0.1:3000", "--count", "3")
+		if err != nil || !strings.Contains(out, fmt.Sprintf(`"%s 3000":3`, name)) || !strings.Contains(out, `"peer_mismatch":0`) {
+			t.Errorf("pod %s's own client: %v: %s", name, err, out)
+		}
+	}
+	for name, ch := range done {
+		s := <-ch
+		if s.err != nil || !strings.Contains(s.out, `"sockname":"0.0.0.0:3000"`) {
+			t.Errorf("bindshow in pod %s: %v: %s", name, s.err, s.out)
+		}
 	}
 }

@@ -60,11 +60,27 @@ func TestPortsSharing(t *testing.T) {
 		t.Errorf("after a bind from wa's child cgroup: real port %d held by %d sockets; want %d by 3", r, n, real)
 	}
 	// wb's copy gets a real port of its own from the same pool.
-	bb, _ := pb.bindShow(t, pb.b, "b", "tcp4:0.0.0.0:3001")
+	bb, bbCmd := pb.bindShow(t, pb.b, "b", "tcp4:0.0.0.0:3001")
 	mustBind(t, bb, ":3001")
 	rb, _ := pb.list(t).real("wb", "TCP", 3001)
 	if rb == 0 || rb == real {
 		t.Errorf("wb's real port %d; want one of its own (wa holds %d)", rb, real)
+	}
+	// A server that restarts (SO_REUSEADDR, as Go's) binds again at once:
+	// its old real port rests (its connections' TIME_WAIT), another of
+	// the pool is drawn.
+	if r := probeFrom(t, pb.in, pb.b, "tcp", "127.0.0.1:3001", 3); r.Replies["b 3001"] != 3 {
+		t.Fatalf("wb's client: %v", r.Replies)
+	}
+	stop(bbCmd)
+	again, _ := pb.bindShow(t, pb.b, "b-again", "tcp4:0.0.0.0:3001")
+	mustBind(t, again, ":3001")
+	rb2, _ := pb.list(t).real("wb", "TCP", 3001)
+	if rb2 == 0 || rb2 == rb || rb2 == real {
+		t.Errorf("wb's restarted copy got real port %d (had %d, wa holds %d): want another free one", rb2, rb, real)
+	}
+	if r := probeFrom(t, pb.in, pb.b, "tcp", "127.0.0.1:3001", 3); r.Replies["b-again 3001"] != 3 {
+		t.Errorf("wb's client after the restart: %v", r.Replies)
 	}
 	// The attack: wb binds wa's real port itself, with SO_REUSEPORT, as
 	// the same user: refused, nothing of wa's traffic reaches it.
