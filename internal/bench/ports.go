@@ -139,12 +139,12 @@ func (r *runner) measurePorts(c *Case, path string) (Sample, error) {
 		if err := r.dp.ApplyPorts(t); err != nil {
 			return s, err
 		}
-		if err := r.dp.SetPortTargets(map[uint64]string{r.host.CgroupID: r.host.Cgroup}); err != nil {
+		if err := r.dp.SetPortTargets(map[uint64]string{r.host.CgroupID: r.host.Cgroup}, false); err != nil {
 			return s, err
 		}
 		s.ProgramMs = float64(time.Since(start).Microseconds()) / 1000
 		defer func() {
-			_ = r.dp.SetPortTargets(nil)
+			_ = r.dp.SetPortTargets(nil, false)
 			_ = r.dp.ApplyPorts(&ports.Tables{Cgroups: map[uint64]uint32{}, VPorts: map[ports.VKey]ports.Rule{}, Index: map[ports.PKey]uint32{}})
 		}()
 	}

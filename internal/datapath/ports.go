@@ -112,11 +112,23 @@ func (d *Datapath) portLinkPin(h string, cgroupID uint64) string {
 // PortTargets lists the cgroups the port hooks are attached to.
 func (d *Datapath) PortTargets() ([]uint64, error) { return Pins(d.cfg.PinDir).portTargets() }
 
+// udpOnly reports whether a port hook serves only unconnected UDP sends
+// and receives (it runs for every such datagram).
+func udpOnly(h hook) bool {
+	switch h.attach {
+	case ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Sendmsg, ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCGroupUDP6Recvmsg:
+		return true
+	}
+	return false
+}
+
 // SetPortTargets attaches the port virtualization hooks to exactly the
-// cgroups of want (id -> path): new ones attached, others detached. Only
-// socklane's own port links are touched. On an attach failure the cgroup
-// is left without any port hook and the error returned.
-func (d *Datapath) SetPortTargets(want map[uint64]string) error {
+// cgroups of want (id -> path): new ones attached, others detached; the
+// hooks of unconnected UDP datagrams only if udp (some rule has a UDP
+// virtual port), since they run for every datagram. Only socklane's own
+// port links are touched. On an attach failure the cgroup is left without
+// any port hook and the error returned.
+func (d *Datapath) SetPortTargets(want map[uint64]string, udp bool) error {
 	have, err := d.PortTargets()
 	if err != nil {
 		return err
@@ -125,6 +137,12 @@ func (d *Datapath) SetPortTargets(want map[uint64]string) error {
 		var made []string
 		for _, h := range portHooks {
 			pin := d.portLinkPin(h.name, id)
+			if udpOnly(h) && !udp {
+				if _, err := detachPin(pin); err != nil {
+					return err
+				}
+				continue
+			}
 			if _, err := os.Stat(pin); err == nil {
 				continue
 			}

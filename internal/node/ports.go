@@ -241,7 +241,13 @@ func ApplyPorts(ctx context.Context, dp *datapath.Datapath, name string, set *po
 	if err := dp.ApplyPorts(t); err != nil {
 		return PortsResult{}, fmt.Errorf("applying port rules: %w", err)
 	}
-	if err := dp.SetPortTargets(hooks); err != nil {
+	udp := false
+	for _, w := range set.Workloads {
+		for _, p := range w.Ports {
+			udp = udp || p.Protocol == "UDP"
+		}
+	}
+	if err := dp.SetPortTargets(hooks, udp); err != nil {
 		return PortsResult{}, err
 	}
 	rec := PortsRecord{Set: set, IDs: ids, Retired: retired, Cgroups: cgs}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/socklane/socklane/internal/cri"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
@@ -51,6 +52,12 @@ routes:
 		}
 		if !ok {
 			t.Fatalf("redis in %s never answered", p.Name)
+		}
+	}
+	// TCP only: no program runs for UDP datagrams of the workloads.
+	for at, want := range map[ebpf.AttachType]int{ebpf.AttachCGroupInet4Bind: 1, ebpf.AttachCGroupInet4Connect: 1, ebpf.AttachCGroupUDP4Sendmsg: 0, ebpf.AttachCGroupUDP6Recvmsg: 0} {
+		if n := attachedCount(t, pb.a.Cgroup, at); n != want {
+			t.Errorf("%d programs at %s on redis-a's cgroup, want %d", n, at, want)
 		}
 	}
 	if got := redis(pb.a, "set", "who", "a"); got != "OK" {

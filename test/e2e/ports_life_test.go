@@ -107,7 +107,7 @@ func TestPortsPoolLifetime(t *testing.T) {
 	pb.apply(t, `workloads:
   - name: wa
     cgroup: %A
-    ports: [{port: 3002}, {port: 3003}]
+    ports: [{port: 3002-3003}]
     pool: 21200-21200
     reuseAfterSeconds: 0
   - name: wb
