@@ -42,6 +42,7 @@ struct sl_pt_enums {
 const struct sl_pt_enums *sl_pt_enums_unused __attribute__((unused));
 
 #define SL_EADDRINUSE 98
+#define SL_ECONNREFUSED 111
 
 /* The workload of the calling process: its cgroup, or the nearest
  * ancestor registered (a pod's containers live below the pod's cgroup),
@@ -442,12 +443,15 @@ static __always_inline int pt_dest(struct bpf_sock_addr *ctx, int v6)
 	}
 	__u32 *b = bpf_map_lookup_elem(&sl_pt_binds, &vk);
 	if (!b) {
-		/* The copy holds no real port for it (not started, or bound
-		 * before the rule existed): the port itself answers, as it
-		 * would without socklane. No copy's real port is ever that
-		 * port, so no copy is reached by mistake. */
+		/* The copy is not listening: refused, as its port would be.
+		 * Not left to the port itself, which any other pod of the
+		 * namespace may hold for good (no copy needs it) to catch
+		 * the copy's clients while it restarts. A copy that listened
+		 * on the port itself before its rule existed has that port
+		 * as its binding (written at apply). */
 		pt_count(vk.wl, SL_PT_C_NOT_BOUND);
-		return 1;
+		bpf_set_retval(-SL_ECONNREFUSED);
+		return 0;
 	}
 	__u16 real = (__u16)*b;
 	/* The peer's port shows the virtual one from its claim; only an

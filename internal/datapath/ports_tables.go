@@ -151,6 +151,9 @@ func (d *Datapath) ApplyPorts(t *ports.Tables) error {
 	if err := m.SlPtCglevels.Put(uint32(0), want); err != nil {
 		return fmt.Errorf("writing the workload levels: %w", err)
 	}
+	if err := d.syncNative(t.Native); err != nil {
+		return err
+	}
 	index := map[portsSlPtPkey]portsSlPtIndex{}
 	for k, route := range t.Index {
 		index[portsSlPtPkey{Port: k.Port, Proto: k.Proto}] = portsSlPtIndex{Route: route}
@@ -257,6 +260,39 @@ func (d *Datapath) ReleasePortClaim(c PortClaim) error {
 	if err := d.pt.SlPtBinds.Lookup(&vk, &real); err == nil && real == uint32(c.Real) {
 		if err := d.pt.SlPtBinds.Delete(&vk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("forgetting the binding of port %d/%s: %w", c.Real, c.Proto, err)
+		}
+	}
+	return nil
+}
+
+// syncNative makes the bindings of programs that listened on a virtual
+// port before its rule existed (a binding whose real port is the virtual
+// port itself: no program writes one) exactly native; a binding the
+// programs made is never replaced.
+func (d *Datapath) syncNative(native map[ports.VKey]bool) error {
+	m := d.pt.SlPtBinds
+	var stale []portsSlPtVkey
+	var k portsSlPtVkey
+	var v uint32
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if v == uint32(k.Port) && !native[ports.VKey{Workload: k.Wl, Port: k.Port, Proto: k.Proto}] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading %s: %w", m, err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("deleting from %s: %w", m, err)
+		}
+	}
+	for vk := range native {
+		k := portsSlPtVkey{Wl: vk.Workload, Port: vk.Port, Proto: vk.Proto}
+		v := uint32(vk.Port)
+		if err := m.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("writing %s: %w", m, err)
 		}
 	}
 	return nil

@@ -55,7 +55,9 @@ struct {
 	__type(value, struct sl_pt_claim);
 } sl_pt_claims SEC(".maps");
 
-/* (workload, protocol, virtual port) -> the real port its sockets hold. */
+/* (workload, protocol, virtual port) -> the real port its sockets hold;
+ * or, written at apply, the virtual port itself for a program of the
+ * workload that listened on it before its rule existed. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_PT_MAX_VPORTS);

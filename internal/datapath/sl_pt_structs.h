@@ -29,7 +29,7 @@ enum sl_pt_counter {
 	SL_PT_C_RELEASED,       /* real ports returned to the pool */
 	SL_PT_C_CONNECTS,       /* connects and sends to the workload's own virtual port */
 	SL_PT_C_ROUTED,         /* connects and sends from elsewhere routed to the workload (by a route or its address) */
-	SL_PT_C_NOT_BOUND,      /* connects and sends left to the port itself: the copy they go to holds no real port for it */
+	SL_PT_C_NOT_BOUND,      /* connects and sends refused (ECONNREFUSED): the copy they go to is not listening */
 	SL_PT_C_FOREIGN_BIND,   /* binds refused: the real port is another workload's */
 	SL_PT_C_DIRECT,         /* binds to a pool port outside virtualization, held so that no pool hands it out */
 	SL_PT_C_MAX,

@@ -15,6 +15,7 @@ import (
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/ports"
+	"github.com/socklane/socklane/internal/procsock"
 	"github.com/socklane/socklane/internal/sockdiag"
 	"golang.org/x/sys/unix"
 )
@@ -227,6 +228,9 @@ func ApplyPorts(ctx context.Context, dp *datapath.Datapath, name string, set *po
 		}
 	}
 	t := ports.Compile(set, ids, cgIDs, addrs)
+	if t.Native, err = nativeListeners(set, ids, cgs); err != nil {
+		return PortsResult{}, err
+	}
 	pools := map[string]int{}
 	for _, w := range set.Workloads {
 		pools[w.Name] = w.Pool.Len()
@@ -371,4 +375,25 @@ func SweepPortClaims(dp *datapath.Datapath) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// nativeListeners finds the programs of the workloads that listen on one
+// of their virtual TCP ports already (started before the rule): left
+// alone, they stay their workload's binding for that port.
+func nativeListeners(set *ports.Set, ids map[string]uint32, cgs map[string][]Target) (map[ports.VKey]bool, error) {
+	out := map[ports.VKey]bool{}
+	for _, w := range set.Workloads {
+		for _, t := range cgs[w.Name] {
+			ls, err := procsock.InCgroup(t.Path)
+			if err != nil {
+				return nil, fmt.Errorf("workload %s: listing its listeners: %w", w.Name, err)
+			}
+			for _, l := range ls {
+				if w.Has(int(l.Port), "TCP") {
+					out[ports.VKey{Workload: ids[w.Name], Port: l.Port, Proto: ports.ProtoTCP}] = true
+				}
+			}
+		}
+	}
+	return out, nil
 }

@@ -62,6 +62,9 @@ type Tables struct {
 	WorkloadAddrs map[netip.Addr]uint32
 	// Workloads are the ids in use.
 	Workloads []uint32
+	// Native are the virtual ports programs of the workloads listened on
+	// before their rule existed: they are their bindings.
+	Native map[VKey]bool
 	// MinLevel and MaxLevel are the levels of the cgroup hierarchy
 	// (root: 0) the workloads' cgroups are at.
 	MinLevel, MaxLevel uint32

@@ -92,17 +92,24 @@ routes:
 
 // TestPortsBoundBefore: a program that bound its port before the rule
 // existed keeps it (getsockname and the kernel agree) and stays
-// reachable on it from its workload and elsewhere; a copy started after
-// the rule gets a real port of the pool.
+// reachable on it from its workload (it is the workload's binding) and
+// elsewhere; a copy started after the rule gets a real port of the pool.
+// A copy that is not listening is refused to its clients (and a route's),
+// never left to whoever holds the port itself: another pod listening there
+// catches nothing.
 func TestPortsBoundBefore(t *testing.T) {
 	pb := newPortBed(t)
 	early, _ := pb.bindShow(t, pb.a, "early", "tcp4:127.0.0.1:3004")
 	mustBind(t, early, "127.0.0.1:3004")
+	thief, _ := pb.bindShow(t, pb.c, "thief", "tcp4:127.0.0.1:3006")
+	mustBind(t, thief, "127.0.0.1:3006")
 	pb.apply(t, `workloads:
   - name: wa
     cgroup: %A
-    ports: [{port: 3004}]
+    ports: [{port: 3004}, {port: 3006}]
     pool: 21400-21409
+routes:
+  - {port: 3006, to: wa}
 `)
 	if !listeningOn(t, 3004) {
 		t.Fatal("the early program no longer listens on 3004")
@@ -111,9 +118,12 @@ func TestPortsBoundBefore(t *testing.T) {
 		if r := probeFrom(t, pb.in, from, "tcp", "127.0.0.1:3004", 2); r.Replies["early 3004"] != 2 {
 			t.Errorf("from %s: %v; want the early program", from.Name, r.Replies)
 		}
+		if r := probeFrom(t, pb.in, from, "tcp", "127.0.0.1:3006", 2); r.Errors["ECONNREFUSED"] != 2 || len(r.Replies) != 0 {
+			t.Errorf("from %s to wa's 3006 (no copy listening, another pod on the port itself): %v %v; want ECONNREFUSED", from.Name, r.Replies, r.Errors)
+		}
 	}
-	if c := pb.list(t).Counters["wa"]; c["not_bound"] < 2 {
-		t.Errorf("wa's counters %v: want its connects to a port it holds none for counted as not_bound", c)
+	if c := pb.list(t).Counters["wa"]; c["connects"] < 2 || c["not_bound"] < 4 {
+		t.Errorf("wa's counters %v: want its connects to its early program counted, and the refused ones as not_bound", c)
 	}
 	late, _ := pb.bindShow(t, pb.a, "late", "tcp4:127.0.0.1:3004")
 	mustBind(t, late, ":3004")
