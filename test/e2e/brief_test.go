@@ -126,7 +126,12 @@ func checkOtherNamespace(t *testing.T, in *testutil.Instance, b *testbed.Bed, ta
 	before := in.Counters()
 	run(t, other, time.Minute, in.Bin, "peer", "connects", target.String(), "--size", "64", "--count", "1")
 	d := testutil.Delta(before, in.Counters())
-	mustEqual(t, d, "conns_bypassed", 1)
+	// It joins: bypassed, or (a client whose first send beats its
+	// server's accept, rare but seen on an emulated CPU) left on TCP for
+	// that race, never judged brief.
+	if d["conns_bypassed"]+d["fallback_peer_not_ready"] != 1 {
+		t.Errorf("the other pod's connection: bypassed %d, peer not ready %d; want it to join (%s)", d["conns_bypassed"], d["fallback_peer_not_ready"], nonzero(d))
+	}
 	mustEqual(t, d, "fallback_brief", 0)
 }
 
