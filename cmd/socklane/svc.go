@@ -153,9 +153,12 @@ func showServices(cmd *cobra.Command, g *globals, only string) error {
 				n += v.Selected[netip.AddrPortFrom(b.IP, p.TargetPort).String()]
 			}
 			state := ""
-			if b.Terminating {
+			switch {
+			case b.Excluded != "":
+				state = ",elsewhere"
+			case b.Terminating:
 				state = ",terminating"
-			} else if !b.IsReady() {
+			case !b.IsReady():
 				state = ",not-ready"
 			}
 			bes = append(bes, fmt.Sprintf("%s(%d%s)", b.IP, n, state))
@@ -169,11 +172,27 @@ func showServices(cmd *cobra.Command, g *globals, only string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(skipped) > 0 {
-		fmt.Fprintf(cmd.OutOrStdout(), "\n%d services skipped (not served):\n", len(skipped))
-		for _, sk := range skipped {
-			fmt.Fprintf(cmd.OutOrStdout(), "  %s: %s\n", sk.Service, sk.Reason)
+	for _, v := range views {
+		if v.Choice != "" {
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: new connections go to %s\n", v.Key(), v.Choice)
 		}
+	}
+	for _, ignored := range []bool{false, true} {
+		var lines []string
+		for _, sk := range skipped {
+			if sk.Ignored == ignored {
+				lines = append(lines, fmt.Sprintf("  %s: %s\n", sk.Service, sk.Reason))
+			}
+		}
+		switch {
+		case len(lines) == 0:
+			continue
+		case ignored:
+			fmt.Fprintf(cmd.OutOrStdout(), "\n%d services left to others (not served by design):\n", len(lines))
+		default:
+			fmt.Fprintf(cmd.OutOrStdout(), "\n%d services skipped (not served):\n", len(lines))
+		}
+		fmt.Fprint(cmd.OutOrStdout(), strings.Join(lines, ""))
 	}
 	return nil
 }

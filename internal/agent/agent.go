@@ -308,7 +308,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
-			kubeDone <- kube.Watch(ctx, kubeCfg, 20*time.Millisecond, dp.ServiceBudget(), func(set *service.Set, skipped []service.Skipped) error {
+			kubeDone <- kube.Watch(ctx, kubeCfg, cfg.NodeName, 20*time.Millisecond, dp.ServiceBudget(), func(set *service.Set, skipped []service.Skipped) error {
 				st, err := node.ApplyServices(dp, cfg.PinName, set, skipped)
 				if err != nil {
 					return err

@@ -108,6 +108,7 @@ type servicelbSlMemberState uint32
 const (
 	servicelbSlMemberStateSL_MEMBER_READY       servicelbSlMemberState = 1
 	servicelbSlMemberStateSL_MEMBER_TERMINATING servicelbSlMemberState = 2
+	servicelbSlMemberStateSL_MEMBER_IDLE        servicelbSlMemberState = 3
 )
 
 type servicelbSlPolCgroupKey struct {

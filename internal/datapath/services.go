@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"time"
 
@@ -16,6 +17,7 @@ type frontend struct {
 	key      servicelbSlSvcKey
 	backends []servicelbSlBackend // ready first, then terminating
 	ready    int
+	idle     []servicelbSlBackend // members that take no new connections
 	affinity uint32
 }
 
@@ -28,22 +30,42 @@ func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
 				if s.Affinity == service.AffinityClientIP {
 					f.affinity = uint32(s.Timeout / time.Second)
 				}
-				for _, ready := range []bool{true, false} {
+				for _, role := range []service.Role{service.RoleReady, service.RoleFallback, service.RoleIdle} {
 					for _, b := range s.Backends {
-						if b.IsReady() != ready || b.IP.Is4() != vip.Is4() {
+						port, serves := b.TargetPort(p)
+						if b.Role() != role || b.IP.Is4() != vip.Is4() || !serves {
 							continue
 						}
-						if !ready && !b.Terminating {
-							continue // not ready and not terminating: not serving
-						}
-						f.backends = append(f.backends, servicelbSlBackend{Ip: addrWords(b.IP), Port: p.TargetPort})
-						if ready {
+						be := servicelbSlBackend{Ip: addrWords(b.IP), Port: port}
+						switch role {
+						case service.RoleIdle:
+							f.idle = append(f.idle, be)
+							continue
+						case service.RoleReady:
 							f.ready++
 						}
+						f.backends = append(f.backends, be)
 					}
 				}
 				out[f.key] = f
 			}
+		}
+	}
+	return out
+}
+
+// members are the frontend's backends by their state in sl_svc_members.
+func (f *frontend) members() map[servicelbSlBackend]uint32 {
+	out := make(map[servicelbSlBackend]uint32, len(f.backends)+len(f.idle))
+	for i, b := range f.backends {
+		out[b] = uint32(servicelbSlMemberStateSL_MEMBER_READY)
+		if i >= f.ready {
+			out[b] = uint32(servicelbSlMemberStateSL_MEMBER_TERMINATING)
+		}
+	}
+	for _, b := range f.idle {
+		if _, dup := out[b]; !dup {
+			out[b] = uint32(servicelbSlMemberStateSL_MEMBER_IDLE)
 		}
 	}
 	return out
@@ -86,12 +108,12 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	if err != nil {
 		return st, fmt.Errorf("reading service members: %w", err)
 	}
-	members := map[uint32]map[servicelbSlBackend]bool{}
-	for mk := range memberList {
+	members := map[uint32]map[servicelbSlBackend]uint32{}
+	for mk, m := range memberList {
 		if members[mk.Id] == nil {
-			members[mk.Id] = map[servicelbSlBackend]bool{}
+			members[mk.Id] = map[servicelbSlBackend]uint32{}
 		}
-		members[mk.Id][mk.Be] = true
+		members[mk.Id][mk.Be] = m.State
 	}
 	slots, err := readAll[servicelbSlBackendKey, servicelbSlBackend](d.lb.SlSvcBackends)
 	if err != nil {
@@ -119,9 +141,30 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	for key, f := range want {
 		old, exists := have[key]
 		val := servicelbSlSvcVal{Ready: uint16(f.ready), Terminating: uint16(len(f.backends) - f.ready), AffinityS: f.affinity}
+		now := f.members()
 		if exists {
 			val.Id, val.Bank = old.Id, old.Bank^1
 			if sameBackends(slots, old, f) && old.AffinityS == f.affinity {
+				// The slots stand; members may have changed
+				// state (ready, not ready) without a new bank.
+				if !maps.Equal(members[old.Id], now) {
+					st.Updated++
+					for b, state := range now {
+						mk := servicelbSlMemberKey{Id: old.Id, Be: b}
+						if prev, ok := members[old.Id][b]; !ok || prev != state {
+							mKeys = append(mKeys, mk)
+							mVals = append(mVals, servicelbSlMember{State: state})
+						}
+						if _, ok := members[old.Id][b]; !ok {
+							newSel = append(newSel, mk)
+						}
+					}
+					for b := range members[old.Id] {
+						if _, ok := now[b]; !ok {
+							staleM = append(staleM, servicelbSlMemberKey{Id: old.Id, Be: b})
+						}
+					}
+				}
 				continue
 			}
 			st.Updated++
@@ -141,24 +184,20 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 			st.Added++
 			newRefused = append(newRefused, val.Id)
 		}
-		now := map[servicelbSlBackend]bool{}
 		for i, b := range f.backends {
 			bKeys = append(bKeys, servicelbSlBackendKey{Id: val.Id, Slot: uint32(val.Bank)<<bankShift | uint32(i)})
 			bVals = append(bVals, b)
-			state := uint32(servicelbSlMemberStateSL_MEMBER_READY)
-			if i >= f.ready {
-				state = uint32(servicelbSlMemberStateSL_MEMBER_TERMINATING)
-			}
+		}
+		for b, state := range now {
 			mk := servicelbSlMemberKey{Id: val.Id, Be: b}
 			mKeys = append(mKeys, mk)
 			mVals = append(mVals, servicelbSlMember{State: state})
-			if !members[val.Id][b] {
+			if _, ok := members[val.Id][b]; !ok {
 				newSel = append(newSel, mk)
 			}
-			now[b] = true
 		}
 		for b := range members[val.Id] {
-			if !now[b] {
+			if _, ok := now[b]; !ok {
 				staleM = append(staleM, servicelbSlMemberKey{Id: val.Id, Be: b})
 			}
 		}

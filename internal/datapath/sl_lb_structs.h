@@ -47,9 +47,14 @@ struct sl_member_key {
 	struct sl_backend be;
 };
 
+/* A member's state. An idle member (not ready, or excluded from this node's
+ * choices by internalTrafficPolicy or topology) is never chosen, and
+ * affinity to it lapses, but its established connections stay: only a
+ * backend that leaves the members has its sockets destroyed. */
 enum sl_member_state {
 	SL_MEMBER_READY = 1,
 	SL_MEMBER_TERMINATING = 2,
+	SL_MEMBER_IDLE = 3,
 };
 
 struct sl_member {

@@ -15,10 +15,37 @@ import (
 	"github.com/socklane/socklane/internal/service"
 )
 
-// Build turns Services and their EndpointSlices into services. Headless
-// and ExternalName services have no virtual IP and are left out, as are
-// SCTP ports. It returns what it had to leave out, for the log.
-func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) ([]*service.Service, []string) {
+// ProxyNameLabel on a Service hands it to another proxy: kube-proxy
+// (and socklane) leave it alone.
+const ProxyNameLabel = "service.kubernetes.io/service-proxy-name"
+
+// Node is what Build needs of the node it serves: its name (an
+// endpoint's nodeName says whether it is local) and its zone (the
+// topology.kubernetes.io/zone label, for topology hints).
+type Node struct {
+	Name, Zone string
+}
+
+// Build turns Services and their EndpointSlices into services, with
+// kube-proxy's semantics for the sockets of node:
+//   - a Service labelled service.kubernetes.io/service-proxy-name, a
+//     headless one and an ExternalName one are not served (ignored, and
+//     said so), nor are SCTP ports;
+//   - a named targetPort is resolved per EndpointSlice, so endpoints of
+//     one Service may listen on different numbers;
+//   - internalTrafficPolicy: Local takes new connections only to this
+//     node's endpoints (none: refused);
+//   - topology hints (hints.forNodes, then hints.forZones) narrow new
+//     connections to this node's or zone's endpoints when every ready
+//     endpoint has hints and one is for here (kube-proxy's rule);
+//   - endpoints not chosen for new connections (not ready, another
+//     node's or zone's) stay members: their established connections are
+//     left alone. Only an endpoint gone from the slices, or terminating
+//     and no longer serving, is no member.
+//
+// It returns the services, those it ignores with why, and notes for the
+// log.
+func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, node Node) ([]*service.Service, []service.Skipped, []string) {
 	bySvc := map[string][]*discoveryv1.EndpointSlice{}
 	for _, es := range slices {
 		name := es.Labels[discoveryv1.LabelServiceName]
@@ -28,9 +55,18 @@ func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) ([]*serv
 		bySvc[es.Namespace+"/"+name] = append(bySvc[es.Namespace+"/"+name], es)
 	}
 	var out []*service.Service
+	var ignored []service.Skipped
 	var notes []string
+	ignore := func(k *corev1.Service, why string) {
+		ignored = append(ignored, service.Skipped{Service: k.Namespace + "/" + k.Name, Reason: why, Ignored: true})
+	}
 	for _, k := range svcs {
+		if p, ok := k.Labels[ProxyNameLabel]; ok {
+			ignore(k, fmt.Sprintf("label %s=%s: another proxy serves it", ProxyNameLabel, p))
+			continue
+		}
 		if k.Spec.Type == corev1.ServiceTypeExternalName {
+			ignore(k, "ExternalName: a DNS alias, no virtual IP")
 			continue
 		}
 		s := &service.Service{Name: k.Name, Namespace: k.Namespace, Affinity: service.AffinityNone}
@@ -46,7 +82,8 @@ func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) ([]*serv
 			s.VIPs = append(s.VIPs, a)
 		}
 		if len(s.VIPs) == 0 {
-			continue // headless
+			ignore(k, "headless: no cluster IP (DNS names the endpoints)")
+			continue
 		}
 		if k.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 			s.Affinity = service.AffinityClientIP
@@ -57,6 +94,7 @@ func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) ([]*serv
 		}
 		eps := bySvc[k.Namespace+"/"+k.Name]
 		sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
+		var kports []corev1.ServicePort
 		for _, p := range k.Spec.Ports {
 			proto := service.TCP
 			switch p.Protocol {
@@ -72,32 +110,24 @@ func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) ([]*serv
 				sp.TargetPort = uint16(p.Port)
 			}
 			s.Ports = append(s.Ports, sp)
+			kports = append(kports, p)
 		}
 		if len(s.Ports) == 0 {
 			continue
 		}
-		s.Backends = backends(eps, s.VIPs)
+		local := k.Spec.InternalTrafficPolicy != nil && *k.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+		s.Backends, s.Choice = backends(eps, s.VIPs, kports, node, local)
 		out = append(out, s)
 	}
-	return out, notes
+	return out, ignored, notes
 }
 
-// targetPort is the endpoint port named like the service port (Kubernetes
-// resolves named target ports per pod; socklane takes the first slice's).
+// targetPort is the port of the first slice (by name) that has the
+// service port's: what `svc list` shows. Each backend carries its own.
 func targetPort(p corev1.ServicePort, eps []*discoveryv1.EndpointSlice) uint16 {
 	for _, es := range eps {
-		for _, ep := range es.Ports {
-			name := ""
-			if ep.Name != nil {
-				name = *ep.Name
-			}
-			proto := corev1.ProtocolTCP
-			if ep.Protocol != nil {
-				proto = *ep.Protocol
-			}
-			if name == p.Name && proto == p.Protocol && ep.Port != nil {
-				return uint16(*ep.Port)
-			}
+		if n, ok := slicePort(p, es); ok {
+			return n
 		}
 	}
 	if p.TargetPort.IntValue() > 0 {
@@ -106,27 +136,77 @@ func targetPort(p corev1.ServicePort, eps []*discoveryv1.EndpointSlice) uint16 {
 	return 0
 }
 
-// backends are the slices' endpoints of the VIPs' families, once each:
-// ready ones, and terminating ones that still serve (Kubernetes' rule:
-// used only when none is ready). Endpoints neither ready nor serving are
-// left out.
-func backends(eps []*discoveryv1.EndpointSlice, vips []netip.Addr) []service.Backend {
+// slicePort is the slice's port for service port p: the one of the same
+// name and protocol (the EndpointSlice controller names them so).
+func slicePort(p corev1.ServicePort, es *discoveryv1.EndpointSlice) (uint16, bool) {
+	for _, ep := range es.Ports {
+		name := ""
+		if ep.Name != nil {
+			name = *ep.Name
+		}
+		proto := corev1.ProtocolTCP
+		if ep.Protocol != nil {
+			proto = *ep.Protocol
+		}
+		if name == p.Name && proto == p.Protocol && ep.Port != nil && *ep.Port > 0 && *ep.Port < 65536 {
+			return uint16(*ep.Port), true
+		}
+	}
+	return 0, false
+}
+
+// candidate is one endpoint address with what kube-proxy judges it by.
+type candidate struct {
+	be                          service.Backend
+	ready, serving, terminating bool
+	nodeName                    string
+	nodeHints, zoneHints        map[string]bool
+}
+
+// backends are the slices' endpoints of the VIPs' families, once each
+// (the first slice by name wins), with their roles for new connections
+// from node, and a description of the choice made (for `svc list`).
+func backends(eps []*discoveryv1.EndpointSlice, vips []netip.Addr, ports []corev1.ServicePort, node Node, local bool) ([]service.Backend, string) {
 	fam := map[bool]bool{}
 	for _, v := range vips {
 		fam[v.Is4()] = true
 	}
 	seen := map[netip.Addr]bool{}
-	var out []service.Backend
+	var cands []*candidate
 	for _, es := range eps {
 		if es.AddressType == discoveryv1.AddressTypeFQDN {
 			continue
 		}
+		pm := map[string]uint16{}
+		for _, p := range ports {
+			if n, ok := slicePort(p, es); ok {
+				pm[p.Name] = n
+			} else if p.TargetPort.Type == 0 && p.TargetPort.IntValue() > 0 && len(es.Ports) == 0 {
+				// A slice without ports (a selector-less Service's
+				// hand-made slice): the numeric targetPort.
+				pm[p.Name] = uint16(p.TargetPort.IntValue())
+			}
+		}
 		for _, e := range es.Endpoints {
-			ready := e.Conditions.Ready == nil || *e.Conditions.Ready
-			serving := e.Conditions.Serving == nil && ready || e.Conditions.Serving != nil && *e.Conditions.Serving
-			terminating := e.Conditions.Terminating != nil && *e.Conditions.Terminating
-			if usable := ready || serving && terminating; !usable {
-				continue
+			c := &candidate{
+				ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
+				terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+			}
+			c.serving = e.Conditions.Serving == nil && c.ready || e.Conditions.Serving != nil && *e.Conditions.Serving
+			if c.terminating && !c.serving {
+				continue // gone for good: its connections go too
+			}
+			if e.NodeName != nil {
+				c.nodeName = *e.NodeName
+			}
+			if e.Hints != nil {
+				c.nodeHints, c.zoneHints = map[string]bool{}, map[string]bool{}
+				for _, h := range e.Hints.ForNodes {
+					c.nodeHints[h.Name] = true
+				}
+				for _, h := range e.Hints.ForZones {
+					c.zoneHints[h.Name] = true
+				}
 			}
 			for _, a := range e.Addresses {
 				ip, err := netip.ParseAddr(a)
@@ -134,11 +214,75 @@ func backends(eps []*discoveryv1.EndpointSlice, vips []netip.Addr) []service.Bac
 					continue
 				}
 				seen[ip] = true
-				r := ready && !terminating
-				out = append(out, service.Backend{IP: ip, Ready: &r, Terminating: terminating})
+				cc := *c
+				ready := c.ready && !c.terminating
+				cc.be = service.Backend{IP: ip, Ready: &ready, Terminating: c.terminating, Ports: pm}
+				cands = append(cands, &cc)
 			}
 		}
 	}
+	choice := ""
+	switch {
+	case local:
+		choice = "this node's endpoints (internalTrafficPolicy: Local)"
+		for _, c := range cands {
+			if node.Name == "" || c.nodeName != node.Name {
+				c.be.Excluded = "another node's (internalTrafficPolicy: Local)"
+			}
+		}
+	default:
+		if by, key := topology(cands, node); by != "" {
+			choice = by + " " + key + "'s endpoints (topology hints)"
+			for _, c := range cands {
+				hints := c.zoneHints
+				if by == "node" {
+					hints = c.nodeHints
+				}
+				// Terminating endpoints are the fallback when none
+				// is ready, whatever their hints (kube-proxy's rule).
+				if c.be.Role() == service.RoleReady && !hints[key] {
+					c.be.Excluded = "hinted for elsewhere (topology)"
+				}
+			}
+		}
+	}
+	out := make([]service.Backend, 0, len(cands))
+	for _, c := range cands {
+		out = append(out, c.be)
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].IP.Less(out[j].IP) })
-	return out
+	return out, choice
+}
+
+// topology is kube-proxy's use of hints: this node's when every ready
+// endpoint has node hints and one is for this node, else this zone's
+// when every ready endpoint has zone hints and one is for this zone;
+// else none ("").
+func topology(cands []*candidate, node Node) (by, key string) {
+	allNode, forNode, allZone, forZone, any := true, false, true, false, false
+	for _, c := range cands {
+		if c.be.Role() != service.RoleReady {
+			continue
+		}
+		any = true
+		if len(c.nodeHints) == 0 {
+			allNode = false
+		} else if node.Name != "" && c.nodeHints[node.Name] {
+			forNode = true
+		}
+		if len(c.zoneHints) == 0 {
+			allZone = false
+		} else if node.Zone != "" && c.zoneHints[node.Zone] {
+			forZone = true
+		}
+	}
+	switch {
+	case !any:
+		return "", ""
+	case allNode && forNode:
+		return "node", node.Name
+	case allZone && forZone:
+		return "zone", node.Zone
+	}
+	return "", ""
 }

@@ -1,6 +1,9 @@
 package kube
 
 import (
+	"maps"
+	goslices "slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,9 +61,13 @@ func TestBuild(t *testing.T) {
 		),
 		slice("web", "web-b", nil, endpoint("198.18.5.2", true, true, false)), // a duplicate
 	}
-	out, notes := Build(svcs, slices)
+	out, ignored, notes := Build(svcs, slices, Node{Name: "n1"})
 	if len(out) != 2 {
 		t.Fatalf("%d services, want web and empty: %+v", len(out), out)
+	}
+	if len(ignored) != 2 || ignored[0].Service != "shop/headless" || !strings.Contains(ignored[0].Reason, "headless") ||
+		ignored[1].Service != "shop/external" || !strings.Contains(ignored[1].Reason, "ExternalName") || !ignored[0].Ignored {
+		t.Errorf("ignored %+v, want headless and external, said so", ignored)
 	}
 	w := out[0]
 	if w.Key() != "shop/web" || w.Affinity != service.AffinityClientIP || w.Timeout != time.Minute {
@@ -69,8 +76,16 @@ func TestBuild(t *testing.T) {
 	if len(w.Ports) != 2 || w.Ports[0].TargetPort != 8080 || w.Ports[1].Protocol != service.UDP || w.Ports[1].TargetPort != 5353 {
 		t.Errorf("web ports %+v", w.Ports)
 	}
-	if len(w.Backends) != 2 || !w.Backends[0].IsReady() || w.Backends[1].IsReady() || !w.Backends[1].Terminating {
-		t.Errorf("web backends %+v", w.Backends)
+	roles := func(bs []service.Backend) []service.Role {
+		var out []service.Role
+		for _, b := range bs {
+			out = append(out, b.Role())
+		}
+		return out
+	}
+	// The endpoint that is not ready stays a member, chosen by nobody.
+	if got := roles(w.Backends); !goslices.Equal(got, []service.Role{service.RoleReady, service.RoleFallback, service.RoleIdle}) {
+		t.Errorf("web backends %+v: roles %v", w.Backends, got)
 	}
 	if e := out[1]; e.Name != "empty" || len(e.Backends) != 0 || e.Ports[0].TargetPort != 8081 {
 		t.Errorf("empty: %+v", e)
@@ -80,5 +95,124 @@ func TestBuild(t *testing.T) {
 	}
 	if _, err := service.NewSet(out); err != nil {
 		t.Errorf("the built services do not validate: %v", err)
+	}
+}
+
+// TestBuildSemantics: kube-proxy's choices, one Service at a time.
+func TestBuildSemantics(t *testing.T) {
+	http := []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](8080), Protocol: ptr(corev1.ProtocolTCP)}}
+	on := func(e discoveryv1.Endpoint, node string, zones ...string) discoveryv1.Endpoint {
+		e.NodeName = &node
+		if len(zones) > 0 {
+			e.Hints = &discoveryv1.EndpointHints{}
+			for _, z := range zones {
+				if strings.HasPrefix(z, "node:") {
+					e.Hints.ForNodes = append(e.Hints.ForNodes, discoveryv1.ForNode{Name: strings.TrimPrefix(z, "node:")})
+				} else {
+					e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: z})
+				}
+			}
+		}
+		return e
+	}
+	ready := func(ip string) discoveryv1.Endpoint { return endpoint(ip, true, true, false) }
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	type want struct {
+		roles   map[string]service.Role // by backend IP; absent: no member
+		ports   map[string]uint16       // by backend IP: its http port
+		choice  string
+		ignored string
+	}
+	for _, tc := range []struct {
+		name   string
+		edit   func(*corev1.Service)
+		slices []*discoveryv1.EndpointSlice
+		node   Node
+		want   want
+	}{
+		{"cluster policy: every ready endpoint", nil,
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.1"), "n1"), on(ready("198.18.0.2"), "n2"))},
+			Node{Name: "n1"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleReady}}},
+		{"internalTrafficPolicy Local: this node's only", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = &local },
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.1"), "n1"), on(ready("198.18.0.2"), "n2"))},
+			Node{Name: "n1"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleIdle}, choice: "internalTrafficPolicy"}},
+		{"internalTrafficPolicy Local without local endpoints: none", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = &local },
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.2"), "n2"))},
+			Node{Name: "n1"}, want{roles: map[string]service.Role{"198.18.0.2": service.RoleIdle}, choice: "internalTrafficPolicy"}},
+		{"internalTrafficPolicy Local: a local terminating endpoint is the fallback, a remote one is not", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = &local },
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(endpoint("198.18.0.1", false, true, true), "n1"), on(endpoint("198.18.0.2", false, true, true), "n2"))},
+			Node{Name: "n1"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleFallback, "198.18.0.2": service.RoleIdle}, choice: "internalTrafficPolicy"}},
+		{"zone hints for this zone", nil,
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.1"), "n1", "za"), on(ready("198.18.0.2"), "n2", "zb"))},
+			Node{Name: "n1", Zone: "za"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleIdle}, choice: "zone za"}},
+		{"zone hints, none for this zone: every endpoint", nil,
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.1"), "n1", "zb"), on(ready("198.18.0.2"), "n2", "zb"))},
+			Node{Name: "n1", Zone: "za"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleReady}}},
+		{"a ready endpoint without hints: hints not used", nil,
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.1"), "n1", "za"), on(ready("198.18.0.2"), "n2"))},
+			Node{Name: "n1", Zone: "za"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleReady}}},
+		{"node unknown: zone hints not used", nil,
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.1"), "n1", "za"), on(ready("198.18.0.2"), "n2", "zb"))},
+			Node{Name: "n1"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleReady}}},
+		{"node hints before zone hints", nil,
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.1"), "n1", "za", "node:n1"), on(ready("198.18.0.2"), "n2", "za", "node:n2"))},
+			Node{Name: "n1", Zone: "za"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleIdle}, choice: "node n1"}},
+		{"hints: terminating endpoints are the fallback in any zone", nil,
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(endpoint("198.18.0.1", false, true, true), "n1", "zb"), on(endpoint("198.18.0.2", false, false, true), "n2", "za"))},
+			Node{Name: "n1", Zone: "za"}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleFallback}}},
+		{"terminating and not serving: no member", nil,
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, ready("198.18.0.1"), endpoint("198.18.0.2", false, false, true), endpoint("198.18.0.3", false, false, false))},
+			Node{}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.3": service.RoleIdle}}},
+		{"named target port resolved per slice", func(s *corev1.Service) { s.Spec.Ports[0].TargetPort = intstr.FromString("web") },
+			[]*discoveryv1.EndpointSlice{
+				slice("s", "s-a", http, ready("198.18.0.1")),
+				slice("s", "s-b", []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](9090), Protocol: ptr(corev1.ProtocolTCP)}}, ready("198.18.0.2")),
+				slice("s", "s-c", []discoveryv1.EndpointPort{{Name: ptr("other"), Port: ptr[int32](7070), Protocol: ptr(corev1.ProtocolTCP)}}, ready("198.18.0.3")),
+			},
+			Node{}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleReady, "198.18.0.3": service.RoleReady},
+				ports: map[string]uint16{"198.18.0.1": 8080, "198.18.0.2": 9090}}},
+		{"another proxy's", func(s *corev1.Service) { s.Labels = map[string]string{ProxyNameLabel: "mesh"} },
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, ready("198.18.0.1"))},
+			Node{}, want{ignored: "another proxy"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := svc("s", []string{"198.19.0.1"}, corev1.ServiceTypeClusterIP, corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)})
+			if tc.edit != nil {
+				tc.edit(k)
+			}
+			out, ignored, _ := Build([]*corev1.Service{k}, tc.slices, tc.node)
+			if tc.want.ignored != "" {
+				if len(out) != 0 || len(ignored) != 1 || !strings.Contains(ignored[0].Reason, tc.want.ignored) {
+					t.Fatalf("served %+v, ignored %+v; want it ignored for %q", out, ignored, tc.want.ignored)
+				}
+				return
+			}
+			if len(out) != 1 || len(ignored) != 0 {
+				t.Fatalf("served %+v, ignored %+v", out, ignored)
+			}
+			s := out[0]
+			got := map[string]service.Role{}
+			for _, b := range s.Backends {
+				got[b.IP.String()] = b.Role()
+				if n, ok := tc.want.ports[b.IP.String()]; ok {
+					if p, serves := b.TargetPort(s.Ports[0]); !serves || p != n {
+						t.Errorf("%s serves http on %d (%v), want %d", b.IP, p, serves, n)
+					}
+				} else if tc.want.ports != nil {
+					if _, serves := b.TargetPort(s.Ports[0]); serves {
+						t.Errorf("%s serves http, but its slice has no such port", b.IP)
+					}
+				}
+			}
+			if !maps.Equal(got, tc.want.roles) {
+				t.Errorf("roles %v, want %v", got, tc.want.roles)
+			}
+			if !strings.Contains(s.Choice, tc.want.choice) || tc.want.choice == "" && s.Choice != "" {
+				t.Errorf("choice %q, want %q", s.Choice, tc.want.choice)
+			}
+			if _, err := service.NewSet(out); err != nil {
+				t.Errorf("the built service does not validate: %v", err)
+			}
+		})
 	}
 }

@@ -1,12 +1,17 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
+	goslices "slices"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -42,7 +47,12 @@ type Apply func(set *service.Set, skipped []service.Skipped) error
 // batch closes quiet milliseconds after its last event). Each apply is
 // logged with its programming latency: from the first event of the batch
 // to the end of the apply.
-func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, budget service.Budget, apply Apply, log *slog.Logger) error {
+//
+// nodeName is this node's name in the cluster: its Node object's zone
+// label and the endpoints' nodeName decide internalTrafficPolicy: Local
+// and topology hints. Without it no endpoint is local and hints are not
+// used (the log says so once).
+func Watch(ctx context.Context, cfg *rest.Config, nodeName string, quiet time.Duration, budget service.Budget, apply Apply, log *slog.Logger) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("creating the Kubernetes client: %w", err)
@@ -50,6 +60,11 @@ func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, budget se
 	f := informers.NewSharedInformerFactory(cs, 0)
 	svcInf := f.Core().V1().Services()
 	esInf := f.Discovery().V1().EndpointSlices()
+	// This node's object only: its zone label.
+	nf := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+	}))
+	nodeInf := nf.Core().V1().Nodes()
 	var mu sync.Mutex
 	var first time.Time // first event of the pending batch
 	kick := make(chan struct{}, 1)
@@ -67,6 +82,14 @@ func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, budget se
 	defer f.Shutdown()
 	if err := startInformers(ctx, f, changed, "services and endpointslices", svcInf.Informer(), esInf.Informer()); err != nil {
 		return err
+	}
+	if nodeName != "" {
+		defer nf.Shutdown()
+		if err := startInformers(ctx, nf, changed, "this node", nodeInf.Informer()); err != nil {
+			return err
+		}
+	} else {
+		log.Warn("kubernetes services without this node's name (--node-name or NODE_NAME): internalTrafficPolicy: Local services get no endpoints, topology hints are not used")
 	}
 	log.Info("kubernetes source synced")
 	changed()
@@ -92,7 +115,13 @@ func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, budget se
 		if err != nil {
 			return err
 		}
-		built, notes := Build(svcs, slices)
+		node := Node{Name: nodeName}
+		if nodeName != "" {
+			if n, err := nodeInf.Lister().Get(nodeName); err == nil {
+				node.Zone = n.Labels[corev1.LabelTopologyZone]
+			}
+		}
+		built, ignored, notes := Build(svcs, slices, node)
 		for _, n := range notes {
 			log.Debug("kubernetes source", "note", n)
 		}
@@ -102,6 +131,8 @@ func Watch(ctx context.Context, cfg *rest.Config, quiet time.Duration, budget se
 		for _, sk := range skipped {
 			log.Warn("kubernetes service skipped", "service", sk.Service, "reason", sk.Reason)
 		}
+		skipped = append(skipped, ignored...)
+		goslices.SortFunc(skipped, func(a, b service.Skipped) int { return cmp.Compare(a.Service, b.Service) })
 		if err := apply(set, skipped); err != nil {
 			log.Error("applying kubernetes services", "err", err)
 			continue

@@ -249,6 +249,9 @@ func (c *Collector) collectServices(ch chan<- prometheus.Metric, st *datapath.LB
 			return err
 		}
 		for _, s := range skipped {
+			if s.Ignored {
+				continue // not served by design: nothing to alert on
+			}
 			c.emit(ch, famSvcSkipped, 1, s.Service)
 		}
 	}

@@ -12,6 +12,9 @@ import (
 type Skipped struct {
 	Service string `json:"service"` // namespace/name
 	Reason  string `json:"reason"`
+	// Ignored: not served by design (another proxy's, headless,
+	// ExternalName), not for a fault.
+	Ignored bool `json:"ignored,omitempty"`
 }
 
 // Budget is what the node's tables hold: frontends, and backend slots

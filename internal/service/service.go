@@ -75,15 +75,58 @@ type Backend struct {
 	IP          netip.Addr `yaml:"ip" json:"ip"`
 	Ready       *bool      `yaml:"ready,omitempty" json:"ready,omitempty"`
 	Terminating bool       `yaml:"terminating,omitempty" json:"terminating,omitempty"`
+	// Ports, when set, is the backend's own port for each service port
+	// (by the service port's name): Kubernetes resolves a named
+	// targetPort per endpoint, so a rolling update may renumber it. A
+	// service port missing here is not served by this backend. Unset:
+	// every port's TargetPort.
+	Ports map[string]uint16 `yaml:"ports,omitempty" json:"ports,omitempty"`
+	// Excluded, when set, says why a backend that serves takes no new
+	// connections from this node (another node's endpoint of an
+	// internalTrafficPolicy: Local service, another zone's under
+	// topology hints): its connections stay, as do those of a backend
+	// that is not ready.
+	Excluded string `yaml:"-" json:"excluded,omitempty"`
 }
 
-// IsReady reports whether the backend takes new connections normally
-// (ready defaults to true unless the backend is terminating).
-func (b Backend) IsReady() bool {
-	if b.Ready != nil {
-		return *b.Ready && !b.Terminating
+// Role is what the load balancer does with a backend.
+type Role int
+
+// Backend roles. Kubernetes' rules: ready endpoints take new
+// connections; terminating ones that still serve take them only while
+// none is ready; the others take none, and their established
+// connections are left alone (only a backend gone from the service, or
+// terminating and no longer serving, has its connections destroyed).
+const (
+	RoleReady Role = iota
+	RoleFallback
+	RoleIdle
+)
+
+// Role of the backend (ready defaults to true unless it is terminating).
+func (b Backend) Role() Role {
+	switch {
+	case b.Excluded != "":
+		return RoleIdle
+	case b.Terminating:
+		return RoleFallback
+	case b.Ready == nil || *b.Ready:
+		return RoleReady
 	}
-	return !b.Terminating
+	return RoleIdle
+}
+
+// IsReady reports whether the backend takes new connections normally.
+func (b Backend) IsReady() bool { return b.Role() == RoleReady }
+
+// TargetPort is the backend's port for service port p, and whether it
+// serves p at all.
+func (b Backend) TargetPort(p Port) (uint16, bool) {
+	if b.Ports == nil {
+		return p.TargetPort, true
+	}
+	n, ok := b.Ports[p.Name]
+	return n, ok && n != 0
 }
 
 // Service is a named set of virtual IPs and ports and its backends.
@@ -96,6 +139,9 @@ type Service struct {
 	Timeout   time.Duration `yaml:"-" json:"sessionAffinityTimeout,omitempty"`
 	TimeoutS  *uint32       `yaml:"sessionAffinityTimeoutSeconds,omitempty" json:"-"`
 	Backends  []Backend     `yaml:"backends" json:"backends"`
+	// Choice, when set, says which backends new connections from this
+	// node go to (Kubernetes' internalTrafficPolicy or topology hints).
+	Choice string `yaml:"-" json:"choice,omitempty"`
 }
 
 // Key is the service's namespace/name.
@@ -247,6 +293,13 @@ func normalise(svcs []*Service, at lines) (*Set, error) {
 				bad(bf+".ip", "%s listed twice", b.IP)
 			}
 			seenIP[b.IP] = true
+			for name, n := range b.Ports {
+				if !slices.ContainsFunc(s.Ports, func(p Port) bool { return p.Name == name }) {
+					bad(bf+".ports", "%q names no port of the service", name)
+				} else if n == 0 {
+					bad(bf+".ports", "%q: want a port from 1 to 65535", name)
+				}
+			}
 		}
 		for _, fr := range s.Frontends() {
 			if prev, ok := fronts[fr]; ok && fr.VIP.IsValid() {

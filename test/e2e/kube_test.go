@@ -173,7 +173,8 @@ func isComment(doc string) bool {
 
 // TestDeploy validates deploy/kubernetes and the Helm chart against a real
 // API server (server-side dry run), and checks that the agent's
-// ServiceAccount may read exactly Services and EndpointSlices.
+// ServiceAccount may read exactly Services, EndpointSlices and Nodes (its
+// own zone label).
 func TestDeploy(t *testing.T) {
 	api := testutil.StartAPIServer(t)
 	root := filepath.Join("..", "..", "deploy")
@@ -269,7 +270,8 @@ func TestDeploy(t *testing.T) {
 		{"", "services", "list", true}, {"", "services", "watch", true}, {"", "services", "get", true},
 		{"discovery.k8s.io", "endpointslices", "watch", true}, {"discovery.k8s.io", "endpointslices", "list", true},
 		{"", "services", "create", false}, {"", "services", "delete", false}, {"", "secrets", "get", false},
-		{"", "pods", "list", false}, {"", "nodes", "list", false}, {"discovery.k8s.io", "endpointslices", "update", false},
+		{"", "nodes", "list", true}, {"", "nodes", "watch", true},
+		{"", "pods", "list", false}, {"", "nodes", "update", false}, {"discovery.k8s.io", "endpointslices", "update", false},
 	} {
 		review := func() *authv1.SubjectAccessReview {
 			r, err := api.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
