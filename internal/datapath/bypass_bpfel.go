@@ -55,6 +55,7 @@ type bypassSlConfig struct {
 	OwnerConns     uint32
 	OwnerListeners uint32
 	OwnerLbConns   uint32
+	OwnerAffinity  uint32
 	ListenerKptr   uint32
 }
 
@@ -223,7 +224,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 13
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 14
 )
 
 type bypassSlListener struct {
@@ -271,9 +272,11 @@ const (
 	bypassSlQuotaSL_OWNER_CONNS         bypassSlQuota = 8192
 	bypassSlQuotaSL_OWNER_LISTENERS     bypassSlQuota = 1024
 	bypassSlQuotaSL_OWNER_LB_CONNS      bypassSlQuota = 16384
+	bypassSlQuotaSL_OWNER_AFFINITY      bypassSlQuota = 4096
 	bypassSlQuotaSL_QUOTA_MAX_CONNS     bypassSlQuota = 65536
 	bypassSlQuotaSL_QUOTA_MAX_LISTENERS bypassSlQuota = 65536
 	bypassSlQuotaSL_QUOTA_MAX_LB_CONNS  bypassSlQuota = 131072
+	bypassSlQuotaSL_QUOTA_MAX_AFFINITY  bypassSlQuota = 262144
 )
 
 type bypassSlReclaimArgs struct {

@@ -15,6 +15,7 @@ type Quotas struct {
 	Conns     uint64 `json:"conns"`
 	Listeners uint64 `json:"listeners"`
 	LBConns   uint64 `json:"lb_conns"`
+	Affinity  uint64 `json:"affinity"`
 }
 
 // Owner is what one cgroup holds of the node-wide tables, and what it was
@@ -28,11 +29,13 @@ type Owner struct {
 	RefusedConns     uint64 `json:"refused_conns"`
 	RefusedListeners uint64 `json:"refused_listeners"`
 	RefusedLBConns   uint64 `json:"refused_lb_conns"`
+	Affinity         uint64 `json:"affinity"`
+	RefusedAffinity  uint64 `json:"refused_affinity"`
 }
 
 // Refused reports whether the owner was ever refused an entry.
 func (o Owner) Refused() bool {
-	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns > 0
+	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns+o.RefusedAffinity > 0
 }
 
 // Owners lists every owner the datapath charged, in cgroup id order.
@@ -59,6 +62,7 @@ func (d *Datapath) Owners() ([]Owner, error) {
 	for id, v := range lb {
 		o := get(id)
 		o.LBConns, o.RefusedLBConns = v.Conns, v.Refused
+		o.Affinity, o.RefusedAffinity = v.Affinity, v.AffinityRefused
 	}
 	out := make([]Owner, 0, len(by))
 	for _, o := range by {

@@ -37,6 +37,7 @@ struct sl_lb_enums {
 	enum sl_lb_counter counter;
 	enum sl_member_state state;
 	struct sl_lb_forget_args forget;
+	struct sl_lb_affinity_args affinity;
 	enum sl_lb_layout layout;
 	enum sl_pol_limits pol_limits;
 	enum sl_pol_class pol_class;
@@ -126,6 +127,83 @@ __noinline int sl_nat_ambiguous(const struct sl_lb_sock *st, const struct sl_bac
 	return 0;
 }
 
+/* Returns one entry of a table charged to owner (its count at held),
+ * never below zero. */
+static __always_inline void owner_release(__u64 *held)
+{
+	for (int i = 0; i < 4; i++) {
+		__u64 v = *held;
+		if (!v || __sync_val_compare_and_swap(held, v, v - 1) == v)
+			return;
+	}
+}
+
+/* The owner's holdings, made if it has none yet. */
+static __always_inline struct sl_lb_owner *lb_owner(__u64 owner)
+{
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (o)
+		return o;
+	struct sl_lb_owner zero = {};
+	bpf_map_update_elem(&sl_lb_owners, &owner, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&sl_lb_owners, &owner);
+}
+
+/* Returns one sl_lb_conns entry charged to owner. */
+static __always_inline void lb_owner_release(__u64 owner)
+{
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (o)
+		owner_release(&o->conns);
+}
+
+/* The load-time settings, as bypass.c has them (the loader writes both
+ * from one value); the load balancer reads its owner quotas. */
+const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
+
+/* Charges owner one sl_lb_conns entry within its quota. */
+static __always_inline int lb_owner_charge(__u64 owner)
+{
+	struct sl_lb_owner *o = lb_owner(owner);
+	if (!o)
+		return 0;
+	if (__sync_fetch_and_add(&o->conns, 1) < sl_settings.owner_lb_conns)
+		return 1;
+	__sync_fetch_and_add(&o->conns, -1);
+	__sync_fetch_and_add(&o->refused, 1);
+	return 0;
+}
+
+/* Records the backend a client namespace was given. An entry that exists
+ * (expired, or its backend no longer chosen) is replaced and stays
+ * charged to owner, who made it; a new one is charged to the connecting
+ * process's cgroup within its quota, else not made (the connect goes on,
+ * without affinity; SL_LB_AFFINITY_QUOTA). */
+static __always_inline void affinity_record(const struct sl_affinity_key *ak, const struct sl_backend *be, __u64 now,
+					    __u64 owner)
+{
+	struct sl_affinity a = {.be = *be, .last_ns = now, .owner = owner};
+	if (owner && bpf_map_update_elem(&sl_svc_affinity, ak, &a, BPF_EXIST) == 0)
+		return;
+	a.owner = bpf_get_current_cgroup_id();
+	struct sl_lb_owner *o = lb_owner(a.owner);
+	if (!o) {
+		lb_count(SL_LB_AFFINITY_QUOTA);
+		return;
+	}
+	if (__sync_fetch_and_add(&o->affinity, 1) >= sl_settings.owner_affinity) {
+		__sync_fetch_and_add(&o->affinity, -1);
+		__sync_fetch_and_add(&o->affinity_refused, 1);
+		lb_count(SL_LB_AFFINITY_QUOTA);
+		return;
+	}
+	if (bpf_map_update_elem(&sl_svc_affinity, ak, &a, BPF_NOEXIST)) {
+		/* Full, or made by a racing connect of the same namespace. */
+		owner_release(&o->affinity);
+		lb_count(SL_LB_AFFINITY_QUOTA);
+	}
+}
+
 /* Picks a backend of the frontend k (looked up as svc). Returns 1 and
  * fills be, or -1 if it has no usable backend. st, for a UDP socket, is its
  * translations: a backend that already answers for another of its VIPs is
@@ -144,9 +222,9 @@ static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const str
 	}
 
 	struct sl_affinity_key ak = {};
-	__u64 now = 0;
+	__u64 now = 0, owner = 0;
 	if (svc->affinity_s) {
-		ak.cgroup = bpf_get_current_cgroup_id();
+		ak.netns = bpf_get_netns_cookie(ctx);
 		ak.id = id;
 		now = bpf_ktime_get_ns();
 		struct sl_affinity *a = bpf_map_lookup_elem(&sl_svc_affinity, &ak);
@@ -158,6 +236,10 @@ static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const str
 			count_selected(id, be);
 			return 1;
 		}
+		/* Expired, or its backend no longer chosen: the entry is
+		 * replaced below, still charged to the one who made it. */
+		if (a)
+			owner = a->owner;
 	}
 
 	struct sl_backend *b = 0;
@@ -200,10 +282,8 @@ static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const str
 	if (terminating)
 		lb_count(SL_LB_TERMINATING_USED);
 	*be = *b;
-	if (ak.id) {
-		struct sl_affinity a = {.be = *b, .last_ns = now};
-		bpf_map_update_elem(&sl_svc_affinity, &ak, &a, BPF_ANY);
-	}
+	if (ak.id)
+		affinity_record(&ak, b, now, owner);
 	count_selected(id, be);
 	return 1;
 }
@@ -310,41 +390,6 @@ static __always_inline int remembered(struct bpf_sock *sk, const struct sl_backe
 static __always_inline int reverse(struct bpf_sock *sk, struct sl_backend *addr)
 {
 	return sl_nat_reverse(bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0), addr);
-}
-
-/* Returns one sl_lb_conns entry charged to owner, never below zero. */
-static __always_inline void lb_owner_release(__u64 owner)
-{
-	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
-	if (!o)
-		return;
-	for (int i = 0; i < 4; i++) {
-		__u64 v = o->conns;
-		if (!v || __sync_val_compare_and_swap(&o->conns, v, v - 1) == v)
-			return;
-	}
-}
-
-/* The load-time settings, as bypass.c has them (the loader writes both
- * from one value); the load balancer reads its owner quota. */
-const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
-
-/* Charges owner one sl_lb_conns entry within its quota. */
-static __always_inline int lb_owner_charge(__u64 owner)
-{
-	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
-	if (!o) {
-		struct sl_lb_owner zero = {};
-		bpf_map_update_elem(&sl_lb_owners, &owner, &zero, BPF_NOEXIST);
-		o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
-		if (!o)
-			return 0;
-	}
-	if (__sync_fetch_and_add(&o->conns, 1) < sl_settings.owner_lb_conns)
-		return 1;
-	__sync_fetch_and_add(&o->conns, -1);
-	__sync_fetch_and_add(&o->refused, 1);
-	return 0;
 }
 
 /* Records a connected socket's VIP and backend, so that getpeername can
@@ -585,6 +630,25 @@ SEC("syscall")
 int sl_lb_forget(struct sl_lb_forget_args *a)
 {
 	return forget(a->cookie);
+}
+
+/* Run by the agent for an affinity entry it found expired (or of a
+ * frontend gone): removed, and its owner's charge returned, unless it was
+ * used since the agent read it. Returns 1 if it was removed. */
+SEC("syscall")
+int sl_lb_affinity_expire(struct sl_lb_affinity_args *args)
+{
+	struct sl_affinity_key k = args->key;
+	struct sl_affinity *a = bpf_map_lookup_elem(&sl_svc_affinity, &k);
+	if (!a || a->last_ns != args->last_ns)
+		return 0;
+	__u64 owner = a->owner;
+	if (bpf_map_delete_elem(&sl_svc_affinity, &k))
+		return 0;
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (o)
+		owner_release(&o->affinity);
+	return 1;
 }
 
 #define SL_ETH_P_IP 0x0800

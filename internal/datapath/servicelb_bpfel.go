@@ -13,11 +13,19 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type servicelbSlAffinityKey struct {
+type servicelbSlAffinity struct {
 	_      structs.HostLayout
-	Cgroup uint64
-	Id     uint32
-	Pad    uint32
+	Be     servicelbSlBackend
+	_      [4]byte
+	LastNs uint64
+	Owner  uint64
+}
+
+type servicelbSlAffinityKey struct {
+	_     structs.HostLayout
+	Netns uint64
+	Id    uint32
+	Pad   uint32
 }
 
 type servicelbSlBackend struct {
@@ -31,6 +39,12 @@ type servicelbSlBackendKey struct {
 	_    structs.HostLayout
 	Id   uint32
 	Slot uint32
+}
+
+type servicelbSlLbAffinityArgs struct {
+	_      structs.HostLayout
+	Key    servicelbSlAffinityKey
+	LastNs uint64
 }
 
 type servicelbSlLbConn struct {
@@ -65,12 +79,13 @@ const (
 	servicelbSlLbCounterSL_LB_POL_FIRST_PACKET   servicelbSlLbCounter = 16
 	servicelbSlLbCounterSL_LB_POL_FLOW_HITS      servicelbSlLbCounter = 17
 	servicelbSlLbCounterSL_LB_POL_REPLIES        servicelbSlLbCounter = 18
-	servicelbSlLbCounterSL_LB_MAX                servicelbSlLbCounter = 19
+	servicelbSlLbCounterSL_LB_AFFINITY_QUOTA     servicelbSlLbCounter = 19
+	servicelbSlLbCounterSL_LB_MAX                servicelbSlLbCounter = 20
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [19]uint64
+	C [20]uint64
 }
 
 type servicelbSlLbForgetArgs struct {
@@ -85,9 +100,11 @@ const (
 )
 
 type servicelbSlLbOwner struct {
-	_       structs.HostLayout
-	Conns   uint64
-	Refused uint64
+	_               structs.HostLayout
+	Conns           uint64
+	Refused         uint64
+	Affinity        uint64
+	AffinityRefused uint64
 }
 
 type servicelbSlMember struct {
@@ -240,38 +257,39 @@ type servicelbSlSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	servicelbMapSlEvSettings    = "sl_ev_settings"
-	servicelbMapSlEvents        = "sl_events"
-	servicelbMapSlLbConns       = "sl_lb_conns"
-	servicelbMapSlLbOwners      = "sl_lb_owners"
-	servicelbMapSlLbSk          = "sl_lb_sk"
-	servicelbMapSlLbStats       = "sl_lb_stats"
-	servicelbMapSlPolCgroups    = "sl_pol_cgroups"
-	servicelbMapSlPolCtl        = "sl_pol_ctl"
-	servicelbMapSlPolFlows      = "sl_pol_flows"
-	servicelbMapSlPolIps        = "sl_pol_ips"
-	servicelbMapSlPolReplies    = "sl_pol_replies"
-	servicelbMapSlPolRules      = "sl_pol_rules"
-	servicelbMapSlPolStats      = "sl_pol_stats"
-	servicelbMapSlSvc           = "sl_svc"
-	servicelbMapSlSvcAffinity   = "sl_svc_affinity"
-	servicelbMapSlSvcBackends   = "sl_svc_backends"
-	servicelbMapSlSvcMembers    = "sl_svc_members"
-	servicelbMapSlSvcRefused    = "sl_svc_refused"
-	servicelbMapSlSvcSelected   = "sl_svc_selected"
-	servicelbProgSlConnect4     = "sl_connect4"
-	servicelbProgSlConnect6     = "sl_connect6"
-	servicelbProgSlGetpeername4 = "sl_getpeername4"
-	servicelbProgSlGetpeername6 = "sl_getpeername6"
-	servicelbProgSlLbForget     = "sl_lb_forget"
-	servicelbProgSlPolIngress   = "sl_pol_ingress"
-	servicelbProgSlRecvmsg4     = "sl_recvmsg4"
-	servicelbProgSlRecvmsg6     = "sl_recvmsg6"
-	servicelbProgSlSendmsg4     = "sl_sendmsg4"
-	servicelbProgSlSendmsg6     = "sl_sendmsg6"
-	servicelbProgSlSockRelease  = "sl_sock_release"
-	servicelbVarSlLbEnumsUnused = "sl_lb_enums_unused"
-	servicelbVarSlSettings      = "sl_settings"
+	servicelbMapSlEvSettings        = "sl_ev_settings"
+	servicelbMapSlEvents            = "sl_events"
+	servicelbMapSlLbConns           = "sl_lb_conns"
+	servicelbMapSlLbOwners          = "sl_lb_owners"
+	servicelbMapSlLbSk              = "sl_lb_sk"
+	servicelbMapSlLbStats           = "sl_lb_stats"
+	servicelbMapSlPolCgroups        = "sl_pol_cgroups"
+	servicelbMapSlPolCtl            = "sl_pol_ctl"
+	servicelbMapSlPolFlows          = "sl_pol_flows"
+	servicelbMapSlPolIps            = "sl_pol_ips"
+	servicelbMapSlPolReplies        = "sl_pol_replies"
+	servicelbMapSlPolRules          = "sl_pol_rules"
+	servicelbMapSlPolStats          = "sl_pol_stats"
+	servicelbMapSlSvc               = "sl_svc"
+	servicelbMapSlSvcAffinity       = "sl_svc_affinity"
+	servicelbMapSlSvcBackends       = "sl_svc_backends"
+	servicelbMapSlSvcMembers        = "sl_svc_members"
+	servicelbMapSlSvcRefused        = "sl_svc_refused"
+	servicelbMapSlSvcSelected       = "sl_svc_selected"
+	servicelbProgSlConnect4         = "sl_connect4"
+	servicelbProgSlConnect6         = "sl_connect6"
+	servicelbProgSlGetpeername4     = "sl_getpeername4"
+	servicelbProgSlGetpeername6     = "sl_getpeername6"
+	servicelbProgSlLbAffinityExpire = "sl_lb_affinity_expire"
+	servicelbProgSlLbForget         = "sl_lb_forget"
+	servicelbProgSlPolIngress       = "sl_pol_ingress"
+	servicelbProgSlRecvmsg4         = "sl_recvmsg4"
+	servicelbProgSlRecvmsg6         = "sl_recvmsg6"
+	servicelbProgSlSendmsg4         = "sl_sendmsg4"
+	servicelbProgSlSendmsg6         = "sl_sendmsg6"
+	servicelbProgSlSockRelease      = "sl_sock_release"
+	servicelbVarSlLbEnumsUnused     = "sl_lb_enums_unused"
+	servicelbVarSlSettings          = "sl_settings"
 )
 
 // loadServicelb returns the embedded CollectionSpec for servicelb.
@@ -316,17 +334,18 @@ type servicelbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type servicelbProgramSpecs struct {
-	SlConnect4     *ebpf.ProgramSpec `ebpf:"sl_connect4"`
-	SlConnect6     *ebpf.ProgramSpec `ebpf:"sl_connect6"`
-	SlGetpeername4 *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
-	SlGetpeername6 *ebpf.ProgramSpec `ebpf:"sl_getpeername6"`
-	SlLbForget     *ebpf.ProgramSpec `ebpf:"sl_lb_forget"`
-	SlPolIngress   *ebpf.ProgramSpec `ebpf:"sl_pol_ingress"`
-	SlRecvmsg4     *ebpf.ProgramSpec `ebpf:"sl_recvmsg4"`
-	SlRecvmsg6     *ebpf.ProgramSpec `ebpf:"sl_recvmsg6"`
-	SlSendmsg4     *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
-	SlSendmsg6     *ebpf.ProgramSpec `ebpf:"sl_sendmsg6"`
-	SlSockRelease  *ebpf.ProgramSpec `ebpf:"sl_sock_release"`
+	SlConnect4         *ebpf.ProgramSpec `ebpf:"sl_connect4"`
+	SlConnect6         *ebpf.ProgramSpec `ebpf:"sl_connect6"`
+	SlGetpeername4     *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
+	SlGetpeername6     *ebpf.ProgramSpec `ebpf:"sl_getpeername6"`
+	SlLbAffinityExpire *ebpf.ProgramSpec `ebpf:"sl_lb_affinity_expire"`
+	SlLbForget         *ebpf.ProgramSpec `ebpf:"sl_lb_forget"`
+	SlPolIngress       *ebpf.ProgramSpec `ebpf:"sl_pol_ingress"`
+	SlRecvmsg4         *ebpf.ProgramSpec `ebpf:"sl_recvmsg4"`
+	SlRecvmsg6         *ebpf.ProgramSpec `ebpf:"sl_recvmsg6"`
+	SlSendmsg4         *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
+	SlSendmsg6         *ebpf.ProgramSpec `ebpf:"sl_sendmsg6"`
+	SlSockRelease      *ebpf.ProgramSpec `ebpf:"sl_sock_release"`
 }
 
 // servicelbMapSpecs contains maps before they are loaded into the kernel.
@@ -439,17 +458,18 @@ type servicelbVariables struct {
 //
 // It can be passed to loadServicelbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type servicelbPrograms struct {
-	SlConnect4     *ebpf.Program `ebpf:"sl_connect4"`
-	SlConnect6     *ebpf.Program `ebpf:"sl_connect6"`
-	SlGetpeername4 *ebpf.Program `ebpf:"sl_getpeername4"`
-	SlGetpeername6 *ebpf.Program `ebpf:"sl_getpeername6"`
-	SlLbForget     *ebpf.Program `ebpf:"sl_lb_forget"`
-	SlPolIngress   *ebpf.Program `ebpf:"sl_pol_ingress"`
-	SlRecvmsg4     *ebpf.Program `ebpf:"sl_recvmsg4"`
-	SlRecvmsg6     *ebpf.Program `ebpf:"sl_recvmsg6"`
-	SlSendmsg4     *ebpf.Program `ebpf:"sl_sendmsg4"`
-	SlSendmsg6     *ebpf.Program `ebpf:"sl_sendmsg6"`
-	SlSockRelease  *ebpf.Program `ebpf:"sl_sock_release"`
+	SlConnect4         *ebpf.Program `ebpf:"sl_connect4"`
+	SlConnect6         *ebpf.Program `ebpf:"sl_connect6"`
+	SlGetpeername4     *ebpf.Program `ebpf:"sl_getpeername4"`
+	SlGetpeername6     *ebpf.Program `ebpf:"sl_getpeername6"`
+	SlLbAffinityExpire *ebpf.Program `ebpf:"sl_lb_affinity_expire"`
+	SlLbForget         *ebpf.Program `ebpf:"sl_lb_forget"`
+	SlPolIngress       *ebpf.Program `ebpf:"sl_pol_ingress"`
+	SlRecvmsg4         *ebpf.Program `ebpf:"sl_recvmsg4"`
+	SlRecvmsg6         *ebpf.Program `ebpf:"sl_recvmsg6"`
+	SlSendmsg4         *ebpf.Program `ebpf:"sl_sendmsg4"`
+	SlSendmsg6         *ebpf.Program `ebpf:"sl_sendmsg6"`
+	SlSockRelease      *ebpf.Program `ebpf:"sl_sock_release"`
 }
 
 func (p *servicelbPrograms) Close() error {
@@ -458,6 +478,7 @@ func (p *servicelbPrograms) Close() error {
 		p.SlConnect6,
 		p.SlGetpeername4,
 		p.SlGetpeername6,
+		p.SlLbAffinityExpire,
 		p.SlLbForget,
 		p.SlPolIngress,
 		p.SlRecvmsg4,

@@ -43,6 +43,7 @@ const (
 	DefaultOwnerConns     = uint32(bypassSlQuotaSL_OWNER_CONNS)
 	DefaultOwnerListeners = uint32(bypassSlQuotaSL_OWNER_LISTENERS)
 	DefaultOwnerLBConns   = uint32(bypassSlQuotaSL_OWNER_LB_CONNS)
+	DefaultOwnerAffinity  = uint32(bypassSlQuotaSL_OWNER_AFFINITY)
 )
 
 // DefaultSettings are what a load asks for when nothing is given: the
@@ -51,12 +52,14 @@ const (
 // connections learnt and left on TCP.
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
-		OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns}
+		OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
+		OwnerAffinity: DefaultOwnerAffinity}
 }
 
 // Quotas are what one owner may hold under s.
 func (s Settings) Quotas() Quotas {
-	return Quotas{Conns: uint64(s.OwnerConns), Listeners: uint64(s.OwnerListeners), LBConns: uint64(s.OwnerLbConns)}
+	return Quotas{Conns: uint64(s.OwnerConns), Listeners: uint64(s.OwnerListeners), LBConns: uint64(s.OwnerLbConns),
+		Affinity: uint64(s.OwnerAffinity)}
 }
 
 // On reports whether a resolved mode is on.
@@ -94,6 +97,7 @@ func (s Settings) Resolve(f Features) Settings {
 		def uint32
 	}{
 		{&s.OwnerConns, DefaultOwnerConns}, {&s.OwnerListeners, DefaultOwnerListeners}, {&s.OwnerLbConns, DefaultOwnerLBConns},
+		{&s.OwnerAffinity, DefaultOwnerAffinity},
 	} {
 		if *q.v == 0 {
 			*q.v = q.def
@@ -139,6 +143,8 @@ func settingTable() []setting {
 			usage: "listening sockets one cgroup may have learned; connections to its further listeners stay on TCP (0: the default)"},
 		{name: "owner-lb-conns", num: func(s *Settings) *uint32 { return &s.OwnerLbConns }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_LB_CONNS),
 			usage: "connected sockets to service addresses one cgroup may have recorded for destruction when their backend goes (0: the default)"},
+		{name: "owner-affinity", num: func(s *Settings) *uint32 { return &s.OwnerAffinity }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_AFFINITY),
+			usage: "ClientIP affinity entries (client network namespace, service port) one cgroup may have made; beyond it its connects are balanced without affinity (0: the default)"},
 	}
 }
 

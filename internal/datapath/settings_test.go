@@ -17,13 +17,13 @@ import (
 func TestSettingsReadBack(t *testing.T) {
 	for i, want := range []Settings{
 		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
-			OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns},
+			OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity},
 		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
-			OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3},
+			OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4},
 		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
-			OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072},
+			OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144},
 		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
-			OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000},
+			OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
@@ -77,7 +77,7 @@ func TestResolve(t *testing.T) {
 	if got := (Settings{BacklogLimit: 5}).Resolve(fit).BacklogLimit; got != 5 {
 		t.Errorf("backlog limit 5 read as %d", got)
 	}
-	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns)}) {
+	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity)}) {
 		t.Errorf("quotas of a request with one given: %+v", q)
 	}
 	with := func(msgTotLen bool, names ...string) Features {
@@ -136,6 +136,8 @@ func TestSettingFlags(t *testing.T) {
 		{"owner-listeners", "1", func(s Settings) bool { return s.OwnerListeners == 1 }, ""},
 		{"owner-lb-conns", "131072", func(s Settings) bool { return s.OwnerLbConns == 131072 }, ""},
 		{"owner-lb-conns", "many", nil, "want a number of entries"},
+		{"owner-affinity", "16", func(s Settings) bool { return s.OwnerAffinity == 16 }, ""},
+		{"owner-affinity", "262145", nil, "want at most 262144 entries"},
 	} {
 		s := DefaultSettings()
 		var err error

@@ -57,6 +57,7 @@ struct sl_config {
 	__u32 owner_conns;     /* connection slots */
 	__u32 owner_listeners; /* listener entries */
 	__u32 owner_lb_conns;  /* translated connected sockets */
+	__u32 owner_affinity;  /* ClientIP affinity entries (client namespace, frontend) */
 	/* Not a user setting: 1 where the kernel parses the kptr in
 	 * sl_listener_val (the loader probes it; 6.1 does not, and the
 	 * branches that use it are then dead code the verifier never sees). */
@@ -74,6 +75,7 @@ struct sl_config {
 	.owner_conns = SL_OWNER_CONNS,                             \
 	.owner_listeners = SL_OWNER_LISTENERS,                     \
 	.owner_lb_conns = SL_OWNER_LB_CONNS,                       \
+	.owner_affinity = SL_OWNER_AFFINITY,                       \
 	.listener_kptr = 1,                                        \
 }
 

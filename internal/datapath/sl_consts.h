@@ -52,7 +52,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 13,
+	SL_LAYOUT_VERSION = 14,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -153,6 +153,7 @@ enum sl_mode {
 #define SL_MAX_LISTENERS 65536
 
 #define SL_MAX_LB_CONNS 131072 /* translated connected sockets */
+#define SL_MAX_AFFINITY 262144       /* ClientIP affinity entries */
 
 /* What one owner may hold of the node-wide tables by default (struct
  * sl_config's owner_* settings), and at most: the tables' sizes. */
@@ -160,16 +161,17 @@ enum sl_quota {
 	SL_OWNER_CONNS = 8192,      /* connection slots */
 	SL_OWNER_LISTENERS = 1024,  /* listener entries */
 	SL_OWNER_LB_CONNS = 16384,  /* translated connected sockets */
+	SL_OWNER_AFFINITY = 4096,   /* ClientIP affinity entries */
 	SL_QUOTA_MAX_CONNS = SL_MAX_CONNS,
 	SL_QUOTA_MAX_LISTENERS = SL_MAX_LISTENERS,
 	SL_QUOTA_MAX_LB_CONNS = SL_MAX_LB_CONNS,
+	SL_QUOTA_MAX_AFFINITY = SL_MAX_AFFINITY,
 };
 #define SL_MAX_OWNERS 16384
 
 /* Service load balancer sizes. */
 #define SL_MAX_FRONTENDS 131072      /* (VIP, port, protocol) entries */
 #define SL_MAX_BACKEND_SLOTS 1048576 /* backends over all frontends and both banks */
-#define SL_MAX_AFFINITY 262144       /* ClientIP affinity entries */
 /* A backend slot key: the bank (0 or 1) above SL_BANK_SHIFT, the index
  * within the bank below. */
 enum sl_lb_layout {

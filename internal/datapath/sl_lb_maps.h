@@ -52,9 +52,13 @@ struct {
 	__type(value, __u64);
 } sl_svc_refused SEC(".maps");
 
+/* ClientIP affinity. Not an LRU: nobody's entries push out another's.
+ * Expired entries are replaced in place by their next use, and removed by
+ * the agent (sl_lb_affinity_expire) when unused. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_MAX_AFFINITY);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct sl_affinity_key);
 	__type(value, struct sl_affinity);
 } sl_svc_affinity SEC(".maps");

@@ -62,12 +62,15 @@ struct sl_member {
 	__u32 pad;
 };
 
-/* ClientIP affinity, per workload: the cgroup of the connecting process,
- * so that two pods (host-network ones too) never share an entry, and a pod
- * making network namespaces cannot make more entries than it has
- * (service, cgroup) pairs. */
+/* ClientIP affinity, per client network namespace: the containers of a
+ * pod share one, as they share its address (and host-network processes
+ * share the node's, as they share its address): what kube-proxy keys by
+ * source address. A new entry is charged to the cgroup of the connecting
+ * process (sl_lb_owner.affinity, quota owner_affinity): a pod making
+ * network namespaces gets no more entries than its quota, and cannot push
+ * out others'. */
 struct sl_affinity_key {
-	__u64 cgroup;
+	__u64 netns;
 	__u32 id;
 	__u32 pad;
 };
@@ -76,6 +79,8 @@ struct sl_affinity_key {
 struct sl_lb_owner {
 	__u64 conns;
 	__u64 refused;
+	__u64 affinity;         /* sl_svc_affinity entries */
+	__u64 affinity_refused; /* entries not made: over the quota */
 };
 
 /* What the agent hands sl_lb_forget: a translated socket that closed
@@ -86,6 +91,15 @@ struct sl_lb_forget_args {
 
 struct sl_affinity {
 	struct sl_backend be;
+	__u64 last_ns;
+	__u64 owner;       /* cgroup id charged for the entry */
+};
+
+/* What the agent hands sl_lb_affinity_expire: an entry it found expired
+ * (or of a frontend gone), with the last use it saw: a use since keeps
+ * the entry. */
+struct sl_lb_affinity_args {
+	struct sl_affinity_key key;
 	__u64 last_ns;
 };
 
@@ -153,6 +167,7 @@ enum sl_lb_counter {
 	SL_LB_POL_FIRST_PACKET,   /* first packets of flows into isolated pods judged */
 	SL_LB_POL_FLOW_HITS,      /* UDP datagrams judged by a cached flow verdict */
 	SL_LB_POL_REPLIES,        /* UDP replies let in to an unconnected sender */
+	SL_LB_AFFINITY_QUOTA,     /* affinity not recorded: the owner holds its quota of sl_svc_affinity, or it is full */
 	SL_LB_MAX,
 };
 

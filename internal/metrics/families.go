@@ -121,6 +121,7 @@ var lbCounters = map[string]counterRef{
 	"pick_ambiguous":     {famLBEvents, "pick_ambiguous"},
 	"bank_retry":         {famLBEvents, "bank_retry"},
 	"quota":              {famQuota, "lb_conns"},
+	"affinity_quota":     {famQuota, "affinity"},
 	"pol_denied_connect": {famPolEvents, "denied_connect"},
 	"pol_denied_packet":  {famPolEvents, "denied_packet"},
 	"pol_first_packet":   {famPolEvents, "first_packet"},

@@ -48,7 +48,7 @@ func SweepSlots(dp *datapath.Datapath) (datapath.SweepStats, error) {
 
 // Reclaim returns what sockets that closed while their cgroup was
 // detached left behind: the load balancer's entries and the bypass's
-// connection slots. Errors are logged: the next round tries again.
+// connection slots; and the ClientIP affinity entries that expired. Errors are logged: the next round tries again.
 func Reclaim(dp *datapath.Datapath, log *slog.Logger) {
 	if n, err := PruneTrackedSockets(dp); err != nil {
 		log.Warn("pruning the load balancer's socket table", "err", err)
@@ -59,6 +59,11 @@ func Reclaim(dp *datapath.Datapath, log *slog.Logger) {
 		log.Warn("sweeping connection slots", "err", err)
 	} else if st.Reclaimed > 0 {
 		log.Info("connection slots reclaimed", "reclaimed", st.Reclaimed, "in_use", st.InUse-st.Reclaimed)
+	}
+	if n, err := dp.ExpireAffinity(); err != nil {
+		log.Warn("expiring ClientIP affinity", "err", err)
+	} else if n > 0 {
+		log.Debug("ClientIP affinity expired", "entries", n)
 	}
 	if n, err := forgetGoneOwners(dp); err != nil {
 		log.Warn("forgetting the quotas of removed cgroups", "err", err)

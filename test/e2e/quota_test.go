@@ -101,7 +101,10 @@ func TestOwnerQuotas(t *testing.T) {
 	})
 
 	t.Run("translated sockets and affinity", func(t *testing.T) {
-		lb := newLBBed(t, settings...)
+		// A small affinity quota: each of the attacker's namespaces
+		// costs it one entry.
+		const affinityQuota = 16
+		lb := newLBBed(t, append(settings, "--owner-affinity", fmt.Sprint(affinityQuota))...)
 		q := quotas(lb.in)
 		be0, be1 := lb.back[0], lb.back[1]
 		lb.apply(t, fmt.Sprintf(`services:
@@ -138,24 +141,30 @@ func TestOwnerQuotas(t *testing.T) {
 			}
 		}
 
-		// Affinity: a pod making network namespaces gets one entry per
-		// service, as any pod.
+		// Affinity is per client network namespace, charged to the
+		// cgroup that made it: a pod making network namespaces (the
+		// host-network attacker) gets its quota of entries and no more,
+		// and the victim's entry stays.
 		lb.apply(t, fmt.Sprintf("services:\n  - name: sticky\n    vips: [198.19.0.11]\n    ports: [{port: 80, targetPort: 8080}]\n    sessionAffinity: ClientIP\n    backends: [{ip: %s}, {ip: %s}]\n", be0.IPv4, be1.IPv4))
 		r := lb.probe(t, lb.client, "tcp", "198.19.0.11:80", 10)
 		if len(r.Replies) != 1 {
 			t.Fatalf("the victim's connections spread over %v with affinity", r.Replies)
 		}
-		for i := range 30 {
-			cmd, err := lb.client.Command("unshare", "-n", "sh", "-c", "ip link set lo up; exec "+lb.in.Bin+" peer lbprobe 198.19.0.11:80 --count 1")
+		before = lb.lbCounters(t)
+		const namespaces = affinityQuota + 14
+		for range namespaces {
+			cmd, err := lb.host.Command("unshare", "-n", "sh", "-c", "ip link set lo up; exec "+lb.in.Bin+" peer lbprobe 198.19.0.11:80 --count 1")
 			if err != nil {
 				t.Fatal(err)
 			}
 			_ = cmd.Run() // the connect fails in an empty namespace; the pick happened
-			_ = i
 		}
-		entries := lb.in.MapEntries("sl_svc_affinity")
-		if entries != 1 {
-			t.Errorf("sl_svc_affinity holds %d entries after 30 namespaces of one pod connected, want 1 (one per pod and service)", entries)
+		mustAtLeast(t, testutil.Delta(before, lb.lbCounters(t)), "affinity_quota", namespaces-affinityQuota)
+		if o := ownerOf(t, lb.in, lb.host); o == nil || o.Affinity != affinityQuota || o.RefusedAffinity < namespaces-affinityQuota {
+			t.Errorf("status names the attacker %+v, want it holding %d affinity entries, refused %d", o, affinityQuota, namespaces-affinityQuota)
+		}
+		if entries := lb.in.MapEntries("sl_svc_affinity"); entries != affinityQuota+1 {
+			t.Errorf("sl_svc_affinity holds %d entries after %d namespaces of one pod connected, want its quota %d and the victim's", entries, namespaces, affinityQuota)
 		}
 		r2 := lb.probe(t, lb.client, "tcp", "198.19.0.11:80", 10)
 		for be := range r.Replies {

@@ -100,27 +100,45 @@ func TestServiceLB(t *testing.T) {
 	mustAtLeast(t, d, "peername", 4*n)
 	mustAtLeast(t, d, "udp_reversed", 2*n)
 
-	t.Run("affinity per workload", func(t *testing.T) {
+	t.Run("affinity per pod", func(t *testing.T) {
 		r := lb.probe(t, lb.client, "tcp", "198.19.0.11:80", 50)
 		if len(r.Replies) != 1 || len(r.Errors) > 0 {
-			t.Fatalf("with ClientIP affinity one workload reached %v (errors %v)", r.Replies, r.Errors)
+			t.Fatalf("with ClientIP affinity one pod reached %v (errors %v)", r.Replies, r.Errors)
 		}
-		// Another workload gets its own choice: over several host-network
-		// probes in fresh cgroups both backends show up eventually.
-		seen := map[string]bool{}
-		for i := 0; i < 20 && len(seen) < 2; i++ {
+		// Containers sharing a network namespace (here host-network
+		// processes in cgroups of their own, sharing the node's
+		// address) share the choice, as kube-proxy's by source address.
+		var shared string
+		for i := range 6 {
 			h := testutil.HostPod(t, testutil.Bed(t), fmt.Sprintf("h%d", i))
 			lb.in.Attach(h)
 			r := lb.probe(t, h, "tcp", "198.19.0.11:80", 3)
 			if len(r.Replies) != 1 {
-				t.Fatalf("workload h%d was spread: %v", i, r.Replies)
+				t.Fatalf("host-network workload h%d was spread: %v", i, r.Replies)
+			}
+			for k := range r.Replies {
+				if shared != "" && k != shared {
+					t.Errorf("host-network workloads (one namespace) got %s and %s", shared, k)
+				}
+				shared = k
+			}
+		}
+		// Another pod gets its own choice: over several pods both
+		// backends show up.
+		seen := map[string]bool{}
+		for i := 0; i < 20 && len(seen) < 2; i++ {
+			p := testutil.Pod(t, testutil.Bed(t), fmt.Sprintf("a%d", i))
+			lb.in.Attach(p)
+			r := lb.probe(t, p, "tcp", "198.19.0.11:80", 3)
+			if len(r.Replies) != 1 {
+				t.Fatalf("pod a%d was spread: %v", i, r.Replies)
 			}
 			for k := range r.Replies {
 				seen[k] = true
 			}
 		}
 		if len(seen) < 2 {
-			t.Errorf("20 workloads all got the same backend: affinity shared between workloads?")
+			t.Errorf("20 pods all got the same backend: affinity shared between pods?")
 		}
 	})
 	t.Run("no backend refuses at once", func(t *testing.T) {
