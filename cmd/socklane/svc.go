@@ -144,8 +144,15 @@ func showServices(cmd *cobra.Command, g *globals, only string) error {
 		for _, a := range v.VIPs {
 			vips = append(vips, a.String())
 		}
+		for _, a := range v.ExternalIPs {
+			vips = append(vips, a.String()+"(external)")
+		}
 		for _, p := range v.Ports {
-			ports = append(ports, fmt.Sprintf("%d->%d/%s", p.Port, p.TargetPort, p.Protocol))
+			node := ""
+			if p.NodePort != 0 && len(v.NodeAddrs) > 0 {
+				node = fmt.Sprintf(",node:%d", p.NodePort)
+			}
+			ports = append(ports, fmt.Sprintf("%d->%d/%s%s", p.Port, p.TargetPort, p.Protocol, node))
 		}
 		for _, b := range v.Backends {
 			n := uint64(0)

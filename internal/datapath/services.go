@@ -24,31 +24,30 @@ type frontend struct {
 func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
 	out := map[servicelbSlSvcKey]*frontend{}
 	for _, s := range set.Services {
-		for _, p := range s.Ports {
-			for _, vip := range s.VIPs {
-				f := &frontend{key: servicelbSlSvcKey{Ip: addrWords(vip), Port: p.Port, Proto: p.Protocol.Number()}}
-				if s.Affinity == service.AffinityClientIP {
-					f.affinity = uint32(s.Timeout / time.Second)
-				}
-				for _, role := range []service.Role{service.RoleReady, service.RoleFallback, service.RoleIdle} {
-					for _, b := range s.Backends {
-						port, serves := b.TargetPort(p)
-						if b.Role() != role || b.IP.Is4() != vip.Is4() || !serves {
-							continue
-						}
-						be := servicelbSlBackend{Ip: addrWords(b.IP), Port: port}
-						switch role {
-						case service.RoleIdle:
-							f.idle = append(f.idle, be)
-							continue
-						case service.RoleReady:
-							f.ready++
-						}
-						f.backends = append(f.backends, be)
-					}
-				}
-				out[f.key] = f
+		for _, at := range s.Bindings() {
+			p, vip := at.Port, at.VIP
+			f := &frontend{key: servicelbSlSvcKey{Ip: addrWords(vip), Port: at.Frontend.Port, Proto: p.Protocol.Number()}}
+			if s.Affinity == service.AffinityClientIP {
+				f.affinity = uint32(s.Timeout / time.Second)
 			}
+			for _, role := range []service.Role{service.RoleReady, service.RoleFallback, service.RoleIdle} {
+				for _, b := range s.Backends {
+					port, serves := b.TargetPort(p)
+					if s.RoleAt(b, at) != role || b.IP.Is4() != vip.Is4() || !serves {
+						continue
+					}
+					be := servicelbSlBackend{Ip: addrWords(b.IP), Port: port}
+					switch role {
+					case service.RoleIdle:
+						f.idle = append(f.idle, be)
+						continue
+					case service.RoleReady:
+						f.ready++
+					}
+					f.backends = append(f.backends, be)
+				}
+			}
+			out[f.key] = f
 		}
 	}
 	return out

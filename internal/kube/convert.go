@@ -24,6 +24,9 @@ const ProxyNameLabel = "service.kubernetes.io/service-proxy-name"
 // topology.kubernetes.io/zone label, for topology hints).
 type Node struct {
 	Name, Zone string
+	// Addrs are the node's addresses (status.addresses: InternalIP and
+	// ExternalIP), where NodePorts are served.
+	Addrs []netip.Addr
 }
 
 // Build turns Services and their EndpointSlices into services, with
@@ -105,6 +108,9 @@ func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, node Nod
 				continue
 			}
 			sp := service.Port{Name: p.Name, Port: uint16(p.Port), Protocol: proto, TargetPort: targetPort(p, eps)}
+			if k.Spec.Type == corev1.ServiceTypeNodePort || k.Spec.Type == corev1.ServiceTypeLoadBalancer {
+				sp.NodePort = uint16(p.NodePort)
+			}
 			if sp.TargetPort == 0 {
 				notes = append(notes, fmt.Sprintf("%s/%s: port %s: no endpoint port yet", k.Namespace, k.Name, p.Name))
 				sp.TargetPort = uint16(p.Port)
@@ -116,7 +122,11 @@ func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, node Nod
 			continue
 		}
 		local := k.Spec.InternalTrafficPolicy != nil && *k.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+		if local {
+			s.InternalTrafficPolicy = "Local"
+		}
 		s.Backends, s.Choice = backends(eps, s.VIPs, kports, node, local)
+		s.ExternalIPs, s.NodeAddrs = external(k, s.VIPs, node)
 		out = append(out, s)
 	}
 	return out, ignored, notes
@@ -221,15 +231,13 @@ func backends(eps []*discoveryv1.EndpointSlice, vips []netip.Addr, ports []corev
 			}
 		}
 	}
+	for _, c := range cands {
+		c.be.Remote = node.Name == "" || c.nodeName != node.Name
+	}
 	choice := ""
 	switch {
 	case local:
-		choice = "this node's endpoints (internalTrafficPolicy: Local)"
-		for _, c := range cands {
-			if node.Name == "" || c.nodeName != node.Name {
-				c.be.Excluded = "another node's (internalTrafficPolicy: Local)"
-			}
-		}
+		choice = "this node's endpoints at the cluster IPs (internalTrafficPolicy: Local)"
 	default:
 		if by, key := topology(cands, node); by != "" {
 			choice = by + " " + key + "'s endpoints (topology hints)"
@@ -285,4 +293,44 @@ func topology(cands []*candidate, node Node) (by, key string) {
 		return "zone", node.Zone
 	}
 	return "", ""
+}
+
+// external are the addresses beyond the cluster IPs where the service's
+// ports are served for this node's sockets, of the cluster IPs'
+// families: its externalIPs and load balancer ingress IPs (but those
+// whose ipMode is Proxy: traffic to them goes through the load
+// balancer), and the node's addresses for its NodePorts.
+func external(k *corev1.Service, vips []netip.Addr, node Node) (ips, nodeAddrs []netip.Addr) {
+	fam := map[bool]bool{}
+	for _, v := range vips {
+		fam[v.Is4()] = true
+	}
+	seen := map[netip.Addr]bool{}
+	add := func(s string) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !fam[a.Is4()] || seen[a] || a.IsLoopback() || a.IsUnspecified() || a.IsMulticast() {
+			return
+		}
+		seen[a] = true
+		ips = append(ips, a)
+	}
+	for _, ip := range k.Spec.ExternalIPs {
+		add(ip)
+	}
+	if k.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range k.Status.LoadBalancer.Ingress {
+			if in.IPMode != nil && *in.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			add(in.IP)
+		}
+	}
+	if k.Spec.Type == corev1.ServiceTypeNodePort || k.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, a := range node.Addrs {
+			if fam[a.Is4()] {
+				nodeAddrs = append(nodeAddrs, a)
+			}
+		}
+	}
+	return ips, nodeAddrs
 }

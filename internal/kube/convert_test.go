@@ -2,6 +2,7 @@ package kube
 
 import (
 	"maps"
+	"net/netip"
 	goslices "slices"
 	"strings"
 	"testing"
@@ -118,10 +119,11 @@ func TestBuildSemantics(t *testing.T) {
 	ready := func(ip string) discoveryv1.Endpoint { return endpoint(ip, true, true, false) }
 	local := corev1.ServiceInternalTrafficPolicyLocal
 	type want struct {
-		roles   map[string]service.Role // by backend IP; absent: no member
-		ports   map[string]uint16       // by backend IP: its http port
-		choice  string
-		ignored string
+		roles     map[string]service.Role // by backend IP; absent: no member
+		ports     map[string]uint16       // by backend IP: its http port
+		choice    string
+		ignored   string
+		frontends []string // all of them, when given
 	}
 	for _, tc := range []struct {
 		name   string
@@ -171,6 +173,17 @@ func TestBuildSemantics(t *testing.T) {
 			},
 			Node{}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleReady, "198.18.0.3": service.RoleReady},
 				ports: map[string]uint16{"198.18.0.1": 8080, "198.18.0.2": 9090}}},
+		{"LoadBalancer: external IPs, ingress IPs, NodePorts; internalTrafficPolicy only at the cluster IP", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.InternalTrafficPolicy = &local
+			s.Spec.Ports[0].NodePort = 30080
+			s.Spec.ExternalIPs = []string{"198.19.9.1", "2001:db8::9", "bad"}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.9.2"}, {IP: "198.19.9.3", IPMode: ptr(corev1.LoadBalancerIPModeProxy)}}
+		},
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, on(ready("198.18.0.1"), "n1"), on(ready("198.18.0.2"), "n2"))},
+			Node{Name: "n1", Addrs: []netip.Addr{netip.MustParseAddr("198.18.250.1"), netip.MustParseAddr("2001:db8::1")}},
+			want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleIdle}, choice: "internalTrafficPolicy",
+				frontends: []string{"198.19.0.1:80/TCP", "198.19.9.1:80/TCP", "198.19.9.2:80/TCP", "198.18.250.1:30080/TCP"}}},
 		{"another proxy's", func(s *corev1.Service) { s.Labels = map[string]string{ProxyNameLabel: "mesh"} },
 			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, ready("198.18.0.1"))},
 			Node{}, want{ignored: "another proxy"}},
@@ -193,7 +206,7 @@ func TestBuildSemantics(t *testing.T) {
 			s := out[0]
 			got := map[string]service.Role{}
 			for _, b := range s.Backends {
-				got[b.IP.String()] = b.Role()
+				got[b.IP.String()] = s.RoleAt(b, s.Bindings()[0]) // the cluster IP's
 				if n, ok := tc.want.ports[b.IP.String()]; ok {
 					if p, serves := b.TargetPort(s.Ports[0]); !serves || p != n {
 						t.Errorf("%s serves http on %d (%v), want %d", b.IP, p, serves, n)
@@ -201,6 +214,24 @@ func TestBuildSemantics(t *testing.T) {
 				} else if tc.want.ports != nil {
 					if _, serves := b.TargetPort(s.Ports[0]); serves {
 						t.Errorf("%s serves http, but its slice has no such port", b.IP)
+					}
+				}
+			}
+			if tc.want.frontends != nil {
+				var fs []string
+				for _, f := range s.Frontends() {
+					fs = append(fs, f.String())
+				}
+				if !goslices.Equal(fs, tc.want.frontends) {
+					t.Errorf("frontends %v, want %v", fs, tc.want.frontends)
+				}
+				// Connections from this node to the external
+				// addresses go to any endpoint.
+				for _, at := range s.Bindings()[1:] {
+					for _, b := range s.Backends {
+						if r := s.RoleAt(b, at); r != service.RoleReady {
+							t.Errorf("%s at %s: role %v, want ready", b.IP, at.Frontend, r)
+						}
 					}
 				}
 			}

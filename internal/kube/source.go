@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	goslices "slices"
 	"sync"
 	"time"
@@ -119,6 +120,7 @@ func Watch(ctx context.Context, cfg *rest.Config, nodeName string, quiet time.Du
 		if nodeName != "" {
 			if n, err := nodeInf.Lister().Get(nodeName); err == nil {
 				node.Zone = n.Labels[corev1.LabelTopologyZone]
+				node.Addrs = nodeAddrs(n)
 			}
 		}
 		built, ignored, notes := Build(svcs, slices, node)
@@ -139,4 +141,20 @@ func Watch(ctx context.Context, cfg *rest.Config, nodeName string, quiet time.Du
 		}
 		log.Info("kubernetes services applied", "services", len(set.Services), "skipped", len(skipped), "latency", time.Since(since))
 	}
+}
+
+// nodeAddrs are a Node's InternalIP and ExternalIP addresses, once each.
+func nodeAddrs(n *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil || ip.IsLoopback() || ip.IsUnspecified() || goslices.Contains(out, ip) {
+			continue
+		}
+		out = append(out, ip)
+	}
+	return out
 }

@@ -26,15 +26,15 @@ type Budget struct {
 
 // cost is what s takes of a Budget.
 func (s *Service) cost() (frontends, slots int) {
-	for _, v := range s.VIPs {
+	for _, f := range s.Frontends() {
 		n := 0
 		for _, b := range s.Backends {
-			if b.IP.Is4() == v.Is4() {
+			if b.IP.Is4() == f.VIP.Is4() {
 				n++
 			}
 		}
-		frontends += len(s.Ports)
-		slots += 2 * n * len(s.Ports)
+		frontends++
+		slots += 2 * n
 	}
 	return frontends, slots
 }

@@ -67,6 +67,9 @@ type Port struct {
 	Port       uint16   `yaml:"port" json:"port"`
 	Protocol   Protocol `yaml:"protocol,omitempty" json:"protocol"`
 	TargetPort uint16   `yaml:"targetPort,omitempty" json:"targetPort"`
+	// NodePort, when set, is served on each of the service's
+	// NodeAddrs too.
+	NodePort uint16 `yaml:"nodePort,omitempty" json:"nodePort,omitempty"`
 }
 
 // Backend is one endpoint of a service. Kubernetes' rule: terminating
@@ -81,11 +84,13 @@ type Backend struct {
 	// service port missing here is not served by this backend. Unset:
 	// every port's TargetPort.
 	Ports map[string]uint16 `yaml:"ports,omitempty" json:"ports,omitempty"`
+	// Remote: the endpoint is on another node (internalTrafficPolicy:
+	// Local keeps its service's cluster IPs off it).
+	Remote bool `yaml:"remote,omitempty" json:"remote,omitempty"`
 	// Excluded, when set, says why a backend that serves takes no new
-	// connections from this node (another node's endpoint of an
-	// internalTrafficPolicy: Local service, another zone's under
-	// topology hints): its connections stay, as do those of a backend
-	// that is not ready.
+	// connections from this node (another zone's under topology
+	// hints): its connections stay, as do those of a backend that is
+	// not ready.
 	Excluded string `yaml:"-" json:"excluded,omitempty"`
 }
 
@@ -139,6 +144,17 @@ type Service struct {
 	Timeout   time.Duration `yaml:"-" json:"sessionAffinityTimeout,omitempty"`
 	TimeoutS  *uint32       `yaml:"sessionAffinityTimeoutSeconds,omitempty" json:"-"`
 	Backends  []Backend     `yaml:"backends" json:"backends"`
+	// ExternalIPs are more addresses the ports are served on
+	// (Kubernetes' externalIPs and load balancer ingress IPs), for the
+	// sockets of this node: traffic from outside stays the node's other
+	// proxy's. NodeAddrs are this node's addresses its NodePorts are
+	// served on.
+	ExternalIPs []netip.Addr `yaml:"externalIPs,omitempty" json:"externalIPs,omitempty"`
+	NodeAddrs   []netip.Addr `yaml:"nodeAddresses,omitempty" json:"nodeAddresses,omitempty"`
+	// InternalTrafficPolicy Local: connections to the cluster IPs go
+	// to this node's endpoints only (none: refused); Cluster (or
+	// unset): to any.
+	InternalTrafficPolicy string `yaml:"internalTrafficPolicy,omitempty" json:"internalTrafficPolicy,omitempty"`
 	// Choice, when set, says which backends new connections from this
 	// node go to (Kubernetes' internalTrafficPolicy or topology hints).
 	Choice string `yaml:"-" json:"choice,omitempty"`
@@ -158,15 +174,52 @@ func (f Frontend) String() string {
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(f.VIP, f.Port), f.Protocol)
 }
 
-// Frontends lists every (VIP, port, protocol) of the service.
-func (s *Service) Frontends() []Frontend {
-	var out []Frontend
-	for _, v := range s.VIPs {
-		for _, p := range s.Ports {
-			out = append(out, Frontend{VIP: v, Port: p.Port, Protocol: p.Protocol})
+// Binding is one frontend of a service with the service port it
+// serves, and whether it is a cluster IP's (internalTrafficPolicy
+// applies) or an external one's (an external IP, a load balancer IP, a
+// NodePort: connections from this node go to any endpoint, as
+// kube-proxy's do whatever the externalTrafficPolicy).
+type Binding struct {
+	Frontend
+	Port    Port
+	Cluster bool
+}
+
+// Bindings lists every frontend of the service with its port.
+func (s *Service) Bindings() []Binding {
+	var out []Binding
+	for _, p := range s.Ports {
+		for _, v := range s.VIPs {
+			out = append(out, Binding{Frontend: Frontend{VIP: v, Port: p.Port, Protocol: p.Protocol}, Port: p, Cluster: true})
+		}
+		for _, v := range s.ExternalIPs {
+			out = append(out, Binding{Frontend: Frontend{VIP: v, Port: p.Port, Protocol: p.Protocol}, Port: p})
+		}
+		if p.NodePort != 0 {
+			for _, v := range s.NodeAddrs {
+				out = append(out, Binding{Frontend: Frontend{VIP: v, Port: p.NodePort, Protocol: p.Protocol}, Port: p})
+			}
 		}
 	}
 	return out
+}
+
+// Frontends lists every (address, port, protocol) of the service.
+func (s *Service) Frontends() []Frontend {
+	var out []Frontend
+	for _, b := range s.Bindings() {
+		out = append(out, b.Frontend)
+	}
+	return out
+}
+
+// RoleAt is the backend's role for connections to binding at (Role,
+// and internalTrafficPolicy: Local for a cluster IP).
+func (s *Service) RoleAt(b Backend, at Binding) Role {
+	if at.Cluster && s.InternalTrafficPolicy == "Local" && b.Remote {
+		return RoleIdle
+	}
+	return b.Role()
 }
 
 // Set is a validated, normalised set of services.
@@ -228,6 +281,27 @@ func normalise(svcs []*Service, at lines) (*Set, error) {
 				}
 				fams[v.Is4()] = true
 			}
+		}
+		for _, list := range []struct {
+			name  string
+			addrs []netip.Addr
+		}{{"externalIPs", s.ExternalIPs}, {"nodeAddresses", s.NodeAddrs}} {
+			for j, v := range list.addrs {
+				af := fmt.Sprintf("%s.%s[%d]", f, list.name, j)
+				switch {
+				case !v.IsValid():
+					bad(af, "not an IP address")
+				case v.Is4In6():
+					bad(af, "%s: write IPv4 addresses in dotted form", v)
+				case v.IsUnspecified() || v.IsMulticast():
+					bad(af, "%s cannot be a service address", v)
+				}
+			}
+		}
+		switch s.InternalTrafficPolicy {
+		case "", "Cluster", "Local":
+		default:
+			bad(f+".internalTrafficPolicy", "%q: want Cluster or Local", s.InternalTrafficPolicy)
 		}
 		if len(s.Ports) == 0 {
 			bad(f+".ports", "a service needs at least one port")

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/socklane/socklane/internal/service"
+	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
 )
 
@@ -88,7 +89,29 @@ func TestKubeServiceSemantics(t *testing.T) {
 	waitPort(t, lb.back[1], "[::]:8081")
 	ctx := context.Background()
 	cs := api.Client
-	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{corev1.LabelTopologyZone: "za"}}}, metav1.CreateOptions{}); err != nil {
+	n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{corev1.LabelTopologyZone: "za"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "198.18.250.1"}, {Type: corev1.NodeHostName, Address: "node-1"}}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A LoadBalancer Service with an external IP, an ingress IP and a
+	// NodePort, externalTrafficPolicy: Local: connections from this
+	// node go to every endpoint (kube-proxy's short-circuit for local
+	// clients; the policy is for traffic from outside).
+	edge := kubeSvc("edge", "198.19.0.25", intstr.FromInt32(8080))
+	edge.Spec.Type = corev1.ServiceTypeLoadBalancer
+	edge.Spec.Ports[0].NodePort = 30080
+	edge.Spec.ExternalIPs = []string{"198.19.1.50"}
+	edge.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	edge.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+	if edge, err = cs.CoreV1().Services("default").Create(ctx, edge, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	edge.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.1.51"}}
+	if _, err := cs.CoreV1().Services("default").UpdateStatus(ctx, edge, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	local := kubeSvc("local", "198.19.0.20", intstr.FromInt32(8080))
@@ -111,6 +134,7 @@ func TestKubeServiceSemantics(t *testing.T) {
 		kubeSlice("named-1", "named", 8080, kubeEndpoint{ip: be0, ready: true}),
 		kubeSlice("named-2", "named", 8081, kubeEndpoint{ip: be1, ready: true}),
 		kubeSlice("flap-1", "flap", 8080, kubeEndpoint{ip: be0, ready: true}, kubeEndpoint{ip: be1, ready: true}),
+		kubeSlice("edge-1", "edge", 8080, kubeEndpoint{ip: be0, node: "node-1", ready: true}, kubeEndpoint{ip: be1, node: "node-2", ready: true}),
 	} {
 		if _, err := cs.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -120,7 +144,7 @@ func TestKubeServiceSemantics(t *testing.T) {
 	startAgent(t, lb, &logs, "--kube-services", "--kubeconfig", api.Kubeconfig, "--node-name", "node-1")
 	waitForLog(t, &logs, func() bool {
 		v := svcView(t, lb)
-		return len(v.Services) == 5 && len(v.Skipped) == 2 // with the API server's own, default/kubernetes
+		return len(v.Services) == 6 && len(v.Skipped) == 2 // with the API server's own, default/kubernetes
 	})
 	selected := func(name, backend string) uint64 {
 		for _, s := range svcView(t, lb).Services {
@@ -146,6 +170,21 @@ func TestKubeServiceSemantics(t *testing.T) {
 		}
 		if n := selected("zoned", be0+":8080"); n != 0 {
 			t.Errorf("the kernel chose zone zb's endpoint %d times", n)
+		}
+	})
+	t.Run("external IPs, load balancer IPs, NodePorts", func(t *testing.T) {
+		for _, target := range []string{"198.19.1.50:80", "198.19.1.51:80", "198.18.250.1:30080"} {
+			for _, from := range []*testbed.Pod{lb.client, lb.host} {
+				r := lb.probe(t, from, "tcp", target, 30)
+				if r.Replies["be0"] == 0 || r.Replies["be1"] == 0 || r.Replies["be0"]+r.Replies["be1"] != 30 {
+					t.Errorf("%s from %s: want both endpoints (externalTrafficPolicy is for traffic from outside): %v %v", target, from.Name, r.Replies, r.Errors)
+				}
+			}
+		}
+		// The cluster IP of the same Service keeps to this node's
+		// endpoint (internalTrafficPolicy: Local).
+		if r := lb.probe(t, lb.client, "tcp", "198.19.0.25:80", 20); r.Replies["be0"] != 20 {
+			t.Errorf("the cluster IP: %v %v", r.Replies, r.Errors)
 		}
 	})
 	t.Run("named target port per slice", func(t *testing.T) {
