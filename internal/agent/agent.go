@@ -308,10 +308,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
-			kubeDone <- kube.Watch(ctx, kubeCfg, cfg.NodeName, 20*time.Millisecond, dp.ServiceBudget(), func(set *service.Set, skipped []service.Skipped) error {
+			kubeDone <- kube.Watch(ctx, kubeCfg, cfg.NodeName, 20*time.Millisecond, dp.ServiceBudget(), func(set *service.Set, skipped []service.Skipped, since time.Time) error {
 				st, err := node.ApplyServices(dp, cfg.PinName, set, skipped)
 				if err != nil {
 					return err
+				}
+				if web != nil {
+					web.programming.Observe(time.Since(since))
 				}
 				log.Debug("services programmed", "frontends", st.Frontends, "added", st.Added, "updated", st.Updated,
 					"removed", st.Removed, "sockets_destroyed", st.Destroyed, "took", st.Took)

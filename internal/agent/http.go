@@ -48,6 +48,8 @@ type httpServer struct {
 	ready        atomic.Bool
 	// sync, if set, is the state sync's status (its metrics).
 	sync func() statesync.Status
+	// programming is the Kubernetes services' programming latency.
+	programming *metrics.Programming
 }
 
 // listenHTTP checks the web configuration and binds both addresses
@@ -65,7 +67,7 @@ func listenHTTP(cfg WebConfig) (*httpServer, error) {
 	} else if cfg.MetricsAddress != "" && !cfg.MetricsInsecure && !loopback(cfg.MetricsAddress) {
 		return nil, fmt.Errorf("--metrics-address %s is reachable from other hosts and pods, and /metrics names every Service, its addresses and backends: give --web-config-file (TLS and authentication), serve on loopback (127.0.0.1:9464), or accept the exposure with --metrics-insecure", cfg.MetricsAddress)
 	}
-	h := &httpServer{cfg: cfg}
+	h := &httpServer{cfg: cfg, programming: metrics.NewProgramming()}
 	if cfg.MetricsAddress != "" {
 		ln, err := net.Listen("tcp", cfg.MetricsAddress)
 		if err != nil {
@@ -136,6 +138,7 @@ func (h *httpServer) serve(dp *datapath.Datapath, name string, log *slog.Logger)
 		}
 		reg.MustRegister(
 			col,
+			h.programming,
 			collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		)

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -122,4 +123,70 @@ func TestExpireAffinity(t *testing.T) {
 	if err := dp.lb.SlLbOwners.Lookup(owner, &o); err != nil || o.Affinity != 1 {
 		t.Errorf("owner %+v (%v), want its charge down to 1", o, err)
 	}
+}
+
+// TestApplyMirror: applies diff against what the datapath last wrote
+// (one changed service of many writes its own entries only, and the
+// mirror matches the maps); an apply through another handle makes it
+// stale, and forgetting it reads the maps again.
+func TestApplyMirror(t *testing.T) {
+	dp := testDatapath(t)
+	n := 10000
+	if testing.Short() {
+		n = 1000
+	}
+	if _, err := dp.ApplyServices(manyServices(t, n, 0)); err != nil {
+		t.Fatal(err)
+	}
+	same := func(what string) {
+		t.Helper()
+		read, err := dp.readMirror()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dp.lbm == nil || len(read.svcs) != len(dp.lbm.svcs) || len(read.slots) != len(dp.lbm.slots) || len(read.members) != len(dp.lbm.members) {
+			t.Fatalf("%s: the mirror differs from the maps", what)
+		}
+		for k, v := range read.svcs {
+			if dp.lbm.svcs[k] != v {
+				t.Fatalf("%s: frontend %+v is %+v in the maps, %+v in the mirror", what, k, v, dp.lbm.svcs[k])
+			}
+		}
+		for k, v := range read.slots {
+			if dp.lbm.slots[k] != v {
+				t.Fatalf("%s: slot %+v differs", what, k)
+			}
+		}
+		for id, ms := range read.members {
+			for b, s := range ms {
+				if dp.lbm.members[id][b] != s {
+					t.Fatalf("%s: member %d %+v differs", what, id, b)
+				}
+			}
+		}
+	}
+	same("created")
+	for _, changed := range []int{1, 0, 1, 0, 1, n / 2} {
+		st, err := dp.ApplyServices(manyServices(t, n, changed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d services, %d changed: applied in %s (%d updated)", n, changed, st.Took, st.Updated)
+		same(fmt.Sprintf("%d changed", changed))
+	}
+	// Another handle applies (another process would): this one's
+	// mirror is stale until forgotten.
+	other, err := Open(dp.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.ApplyServices(manyServices(t, 10, 0)); err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	dp.ForgetServiceMirror()
+	if _, err := dp.ApplyServices(manyServices(t, n, 0)); err != nil {
+		t.Fatal(err)
+	}
+	same("after another handle's apply")
 }

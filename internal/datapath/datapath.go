@@ -54,6 +54,8 @@ type Datapath struct {
 	counterNames, lbCounterNames []string
 	// features is what the kernel offered at open.
 	features Features
+	// lbm mirrors the service maps between applies (nil: read them).
+	lbm *lbMirror
 }
 
 // Features is what the kernel offered the datapath, and what was adapted.

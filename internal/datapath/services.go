@@ -95,28 +95,20 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	var st ApplyStats
 	want := frontendsOf(set)
 	st.Frontends = len(want)
-	have, err := readAll[servicelbSlSvcKey, servicelbSlSvcVal](d.lb.SlSvc)
-	if err != nil {
-		return st, fmt.Errorf("reading services: %w", err)
+	mirror := d.lbm
+	if mirror == nil {
+		var err error
+		if mirror, err = d.readMirror(); err != nil {
+			return st, err
+		}
 	}
+	// Until this apply has written everything, the maps may hold part
+	// of it: the next apply reads them.
+	d.lbm = nil
+	have, members, slots := mirror.svcs, mirror.members, mirror.slots
 	usedIDs := make(map[uint32]bool, len(have))
 	for _, v := range have {
 		usedIDs[v.Id] = true
-	}
-	memberList, err := readAll[servicelbSlMemberKey, servicelbSlMember](d.lb.SlSvcMembers)
-	if err != nil {
-		return st, fmt.Errorf("reading service members: %w", err)
-	}
-	members := map[uint32]map[servicelbSlBackend]uint32{}
-	for mk, m := range memberList {
-		if members[mk.Id] == nil {
-			members[mk.Id] = map[servicelbSlBackend]uint32{}
-		}
-		members[mk.Id][mk.Be] = m.State
-	}
-	slots, err := readAll[servicelbSlBackendKey, servicelbSlBackend](d.lb.SlSvcBackends)
-	if err != nil {
-		return st, fmt.Errorf("reading backends: %w", err)
 	}
 	nextID := uint32(1)
 	newID := func() uint32 {
@@ -259,6 +251,30 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	if err := deleteAll(d.lb.SlSvcRefused, goneIDs); err != nil {
 		return st, fmt.Errorf("removing old counters: %w", err)
 	}
+	// The mirror takes what was written.
+	for i, k := range sKeys {
+		have[k] = sVals[i]
+	}
+	for _, k := range goneKeys {
+		delete(have, k)
+	}
+	for _, k := range leftB {
+		delete(slots, k)
+	}
+	for i, k := range bKeys {
+		slots[k] = bVals[i]
+	}
+	for _, k := range staleB {
+		delete(slots, k)
+	}
+	for i, mk := range mKeys {
+		mirror.setMember(mk, mVals[i].State)
+	}
+	for _, mk := range staleM {
+		mirror.dropMember(mk)
+	}
+	mirror.tag = ""
+	d.lbm = mirror
 	st.Took = time.Since(start)
 	return st, nil
 }

@@ -39,9 +39,9 @@ func Config(path string) (*rest.Config, error) {
 	return c, nil
 }
 
-// Apply programs a set of services; it reports how long the datapath
-// took.
-type Apply func(set *service.Set, skipped []service.Skipped) error
+// Apply programs a set of services; since is the first event of the
+// batch (the programming latency runs from it).
+type Apply func(set *service.Set, skipped []service.Skipped, since time.Time) error
 
 // Watch keeps apply fed with the cluster's Services and EndpointSlices
 // until ctx ends. Changes that arrive together are applied together (a
@@ -135,7 +135,7 @@ func Watch(ctx context.Context, cfg *rest.Config, nodeName string, quiet time.Du
 		}
 		skipped = append(skipped, ignored...)
 		goslices.SortFunc(skipped, func(a, b service.Skipped) int { return cmp.Compare(a.Service, b.Service) })
-		if err := apply(set, skipped); err != nil {
+		if err := apply(set, skipped, since); err != nil {
 			log.Error("applying kubernetes services", "err", err)
 			continue
 		}

@@ -48,6 +48,7 @@ func Markdown(w io.Writer) {
 		}
 		fmt.Fprintf(w, "| `%s` | %s | %s | %s |\n", f.fqName(), typ, strings.Join(labels, ", "), f.help)
 	}
+	fmt.Fprintf(w, "| `%s_service_programming_seconds` | histogram (1 ms to %gs) |  | %s |\n", namespace, programmingBuckets[len(programmingBuckets)-1], programmingHelp)
 }
 
 // labelValues lists the label values BPF counters give a family.

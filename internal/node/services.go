@@ -53,6 +53,13 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set, skipped
 		return datapath.ApplyStats{}, err
 	}
 	defer unlock()
+	// The datapath diffs against what it last programmed, unless
+	// another applier (another process) has written since: the record
+	// it left is then not the one this datapath tagged.
+	recorded := filepath.Join(dir, servicesFile)
+	if tag := fileTag(recorded); tag == "" || tag != dp.ServiceMirrorTag() {
+		dp.ForgetServiceMirror()
+	}
 	st, err := dp.ApplyServices(set)
 	if err != nil {
 		return st, fmt.Errorf("applying services: %w", err)
@@ -68,9 +75,11 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set, skipped
 			return st, fmt.Errorf("destroying sockets of removed backends: %w", err)
 		}
 	}
-	if err := writeJSONFile(filepath.Join(dir, servicesFile), set.Services); err != nil {
+	if err := writeJSONFile(recorded, set.Services); err != nil {
+		dp.ForgetServiceMirror()
 		return st, fmt.Errorf("recording services: %w", err)
 	}
+	dp.SetServiceMirrorTag(fileTag(recorded))
 	if skipped == nil {
 		skipped = []service.Skipped{}
 	}
@@ -81,6 +90,16 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set, skipped
 }
 
 const skippedFile = "skipped.json"
+
+// fileTag names one version of a file: each write replaces it by a new
+// file (rename), so its inode and change time differ ("" if absent).
+func fileTag(path string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%d:%d:%d.%d", st.Dev, st.Ino, st.Ctim.Sec, st.Ctim.Nsec)
+}
 
 // writeJSONFile replaces path with v, readable by root only.
 func writeJSONFile(path string, v any) error {

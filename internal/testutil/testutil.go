@@ -274,6 +274,9 @@ func ParseMetrics(text string) (map[string]float64, error) {
 				out[key] = m.Counter.GetValue()
 			case m.Gauge != nil:
 				out[key] = m.Gauge.GetValue()
+			case m.Histogram != nil:
+				out[key+"_count"] = float64(m.Histogram.GetSampleCount())
+				out[key+"_sum"] = m.Histogram.GetSampleSum()
 			}
 		}
 	}

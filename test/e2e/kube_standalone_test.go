@@ -115,6 +115,11 @@ func TestKubeServiceStandsAlone(t *testing.T) {
 	if m[`socklane_service_skipped,service=default/huge`] != 1 {
 		t.Errorf("socklane_service_skipped{service=default/huge} missing")
 	}
+	// The programming latency of each apply, from the API event.
+	if m[`socklane_service_programming_seconds_count`] < 1 || m[`socklane_service_programming_seconds_sum`] <= 0 {
+		t.Errorf("socklane_service_programming_seconds: count %v sum %v, want the applies observed",
+			m[`socklane_service_programming_seconds_count`], m[`socklane_service_programming_seconds_sum`])
+	}
 	var many struct {
 		Services []struct {
 			Backends []service.Backend `json:"backends"`
