@@ -71,7 +71,7 @@ func newSvcCmd(g *globals) *cobra.Command {
 			return showServices(cmd, g, args[0])
 		},
 	}
-	cmd.AddCommand(apply, list, get)
+	cmd.AddCommand(apply, list, get, newSvcOptOutCmd(g))
 	return cmd
 }
 

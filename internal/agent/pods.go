@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"sync"
@@ -37,6 +38,9 @@ type podWatch struct {
 	// policy source's local pods), read by another goroutine.
 	mu      sync.Mutex
 	cgroups map[string]string
+	// optout are the attached pods labelled out of connect-time service
+	// balancing: their network namespace cookies by pod UID.
+	optout map[string]uint64
 }
 
 // Cgroups returns the attached pods' cgroup directories by pod UID.
@@ -87,6 +91,7 @@ func (w *podWatch) reconcile(ctx context.Context) {
 		w.attached[id] = p.Key()
 		w.log.Info("pod attached", "pod", p.Key(), "cgroup", path, "cgroup_id", id)
 	}
+	w.syncOptOut(w.selected(pods))
 	// Pods this agent attached that stopped or were removed.
 	detached := 0
 	for id, pod := range w.attached {
@@ -129,4 +134,40 @@ func (w *podWatch) selected(pods []cri.Pod) []cri.Pod {
 		}
 	}
 	return out
+}
+
+// syncOptOut opts the selected pods labelled OptOutLabel=off out of
+// connect-time service balancing (by their sandbox's network namespace),
+// and forgets the namespaces of pods gone.
+func (w *podWatch) syncOptOut(pods []cri.Pod) {
+	if w.optout == nil {
+		w.optout = map[string]uint64{}
+	}
+	seen := map[string]bool{}
+	for _, p := range pods {
+		if p.Labels[node.OptOutLabel] != "off" || p.PID <= 0 {
+			continue
+		}
+		seen[p.UID] = true
+		if _, done := w.optout[p.UID]; done {
+			continue
+		}
+		c, err := node.ServiceOptOut(w.dp, fmt.Sprintf("/proc/%d/ns/net", p.PID), true)
+		if err != nil {
+			w.log.Error("opting a pod out of service balancing", "pod", p.Key(), "err", err)
+			continue
+		}
+		w.optout[p.UID] = c
+		w.log.Info("pod opted out of connect-time service balancing", "pod", p.Key(), "label", node.OptOutLabel+"=off", "netns_cookie", c)
+	}
+	for uid, c := range w.optout {
+		if seen[uid] {
+			continue
+		}
+		if err := w.dp.SetServiceOptOut(c, false); err != nil {
+			w.log.Error("forgetting a gone pod's service opt-out", "netns_cookie", c, "err", err)
+			continue
+		}
+		delete(w.optout, uid)
+	}
 }

@@ -56,7 +56,10 @@ type bypassSlConfig struct {
 	OwnerListeners uint32
 	OwnerLbConns   uint32
 	OwnerAffinity  uint32
+	LbHostOnly     bypassSlMode
+	HostNetns      uint64
 	ListenerKptr   uint32
+	_              [4]byte
 }
 
 type bypassSlConn struct {
@@ -224,7 +227,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 14
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 15
 )
 
 type bypassSlListener struct {

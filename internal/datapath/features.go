@@ -32,6 +32,9 @@ type Features struct {
 	// a plain number): listeners keep a pointer to their socket, else
 	// only its mode at listen().
 	HashKptr bool `json:"hash_kptr"`
+	// HostNetns is the network namespace cookie of the prober (the
+	// agent runs in the host's): host-only service balancing keys by it.
+	HostNetns uint64 `json:"host_netns"`
 	// Bugs are the sockmap bugs found by behaviour when the datapath was
 	// created (internal/sockbugs), and why none could be, if so.
 	Bugs      []sockbugs.Bug `json:"bugs"`
@@ -89,6 +92,9 @@ func ProbeFeatures() (Features, error) {
 	}
 	if f.KptrUntrusted, err = probeKptrTag("kptr_untrusted", ebpf.Array); err != nil {
 		return f, fmt.Errorf("probing kptr_untrusted map fields: %w", err)
+	}
+	if f.HostNetns, err = ownNetnsCookie(); err != nil {
+		return f, err
 	}
 	return f, nil
 }
@@ -192,4 +198,18 @@ func (f Features) retag(spec *ebpf.CollectionSpec) {
 			}
 		}
 	}
+}
+
+// ownNetnsCookie is the cookie of the calling thread's network namespace.
+func ownNetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("reading this network namespace's cookie: %w", err)
+	}
+	defer unix.Close(fd)
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("reading this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14): %w", err)
+	}
+	return c, nil
 }

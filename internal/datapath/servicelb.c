@@ -492,6 +492,16 @@ static __always_inline int pol_refuse(struct bpf_sock_addr *ctx, const struct sl
 	return 0;
 }
 
+/* Whether the load balancer translates for this socket: not in host-only
+ * mode outside the host's network namespace, nor in a namespace opted out. */
+static __always_inline int in_scope(struct bpf_sock_addr *ctx)
+{
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	if (sl_settings.lb_host_only == SL_MODE_ON)
+		return netns == sl_settings.host_netns;
+	return !bpf_map_lookup_elem(&sl_lb_optout, &netns);
+}
+
 /* connect() and unconnected sends: returns the program's verdict. */
 static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int connected)
 {
@@ -511,6 +521,14 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 		/* Not a service: the common case. */
 		if (pol_connect(ctx, ctx->sk, &vip, proto, !connected, &pv))
 			return pol_refuse(ctx, &pv, &vip, proto);
+		return 1;
+	}
+	if (!in_scope(ctx)) {
+		/* The node's per-packet proxy translates it, and its
+		 * policy enforcement judges the backend it picks: socklane
+		 * cannot name it here. Ingress into pods of this node is
+		 * still judged on the first packet. */
+		lb_count(SL_LB_OUT_OF_SCOPE);
 		return 1;
 	}
 	int have_prev = !connected && remembered(ctx->sk, &vip, &prev);

@@ -80,12 +80,13 @@ const (
 	servicelbSlLbCounterSL_LB_POL_FLOW_HITS      servicelbSlLbCounter = 17
 	servicelbSlLbCounterSL_LB_POL_REPLIES        servicelbSlLbCounter = 18
 	servicelbSlLbCounterSL_LB_AFFINITY_QUOTA     servicelbSlLbCounter = 19
-	servicelbSlLbCounterSL_LB_MAX                servicelbSlLbCounter = 20
+	servicelbSlLbCounterSL_LB_OUT_OF_SCOPE       servicelbSlLbCounter = 20
+	servicelbSlLbCounterSL_LB_MAX                servicelbSlLbCounter = 21
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [20]uint64
+	C [21]uint64
 }
 
 type servicelbSlLbForgetArgs struct {
@@ -260,6 +261,7 @@ const (
 	servicelbMapSlEvSettings        = "sl_ev_settings"
 	servicelbMapSlEvents            = "sl_events"
 	servicelbMapSlLbConns           = "sl_lb_conns"
+	servicelbMapSlLbOptout          = "sl_lb_optout"
 	servicelbMapSlLbOwners          = "sl_lb_owners"
 	servicelbMapSlLbSk              = "sl_lb_sk"
 	servicelbMapSlLbStats           = "sl_lb_stats"
@@ -355,6 +357,7 @@ type servicelbMapSpecs struct {
 	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
 	SlLbConns     *ebpf.MapSpec `ebpf:"sl_lb_conns"`
+	SlLbOptout    *ebpf.MapSpec `ebpf:"sl_lb_optout"`
 	SlLbOwners    *ebpf.MapSpec `ebpf:"sl_lb_owners"`
 	SlLbSk        *ebpf.MapSpec `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.MapSpec `ebpf:"sl_lb_stats"`
@@ -404,6 +407,7 @@ type servicelbMaps struct {
 	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
 	SlLbConns     *ebpf.Map `ebpf:"sl_lb_conns"`
+	SlLbOptout    *ebpf.Map `ebpf:"sl_lb_optout"`
 	SlLbOwners    *ebpf.Map `ebpf:"sl_lb_owners"`
 	SlLbSk        *ebpf.Map `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.Map `ebpf:"sl_lb_stats"`
@@ -427,6 +431,7 @@ func (m *servicelbMaps) Close() error {
 		m.SlEvSettings,
 		m.SlEvents,
 		m.SlLbConns,
+		m.SlLbOptout,
 		m.SlLbOwners,
 		m.SlLbSk,
 		m.SlLbStats,

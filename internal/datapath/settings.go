@@ -53,7 +53,7 @@ const (
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
 		OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
-		OwnerAffinity: DefaultOwnerAffinity}
+		OwnerAffinity: DefaultOwnerAffinity, LbHostOnly: ModeOff}
 }
 
 // Quotas are what one owner may hold under s.
@@ -103,6 +103,10 @@ func (s Settings) Resolve(f Features) Settings {
 			*q.v = q.def
 		}
 	}
+	if s.LbHostOnly == ModeAuto {
+		s.LbHostOnly = ModeOff
+	}
+	s.HostNetns = f.HostNetns
 	s.ListenerKptr = 0
 	if f.HashKptr {
 		s.ListenerKptr = 1
@@ -135,6 +139,8 @@ func settingTable() []setting {
 			usage: "connections with an end reading in blocking mode: tcp, bypass, or auto (tcp where the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN, found by behaviour at load)"},
 		{name: "brief-connections", mode: func(s *Settings) *Mode { return &s.BypassBrief }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass"},
+		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
+			usage: "sockets whose connects to service addresses are balanced at connect(): all (every managed socket, but pods opted out) or host (the host's network namespace only: pods' service traffic is left to kube-proxy, as a service mesh's sidecars need)"},
 		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,
 			usage: "sends smaller than this many bytes redirect under one verdict for the next this-many bytes (0: a verdict per send)"},
 		{name: "owner-conns", num: func(s *Settings) *uint32 { return &s.OwnerConns }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_CONNS),

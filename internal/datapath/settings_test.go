@@ -17,13 +17,13 @@ import (
 func TestSettingsReadBack(t *testing.T) {
 	for i, want := range []Settings{
 		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
-			OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity},
+			OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
-			OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4},
+			OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, LbHostOnly: ModeOn},
 		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
-			OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144},
+			OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
-			OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16},
+			OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, LbHostOnly: ModeOn},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
@@ -40,6 +40,10 @@ func TestSettingsReadBack(t *testing.T) {
 				t.Fatal(err)
 			}
 			want.ListenerKptr = got.ListenerKptr // the kernel's, checked below
+			want.HostNetns = got.HostNetns       // the loader's namespace
+			if got.HostNetns == 0 || got.HostNetns != dp.Features().HostNetns {
+				t.Errorf("host_netns %d loaded, the prober's namespace is %d", got.HostNetns, dp.Features().HostNetns)
+			}
 			if got != want {
 				t.Fatalf("loaded: settings %+v; want %+v", got, want)
 			}
@@ -137,6 +141,8 @@ func TestSettingFlags(t *testing.T) {
 		{"owner-lb-conns", "131072", func(s Settings) bool { return s.OwnerLbConns == 131072 }, ""},
 		{"owner-lb-conns", "many", nil, "want a number of entries"},
 		{"owner-affinity", "16", func(s Settings) bool { return s.OwnerAffinity == 16 }, ""},
+		{"service-lb-scope", "host", func(s Settings) bool { return s.LbHostOnly == ModeOn }, ""},
+		{"service-lb-scope", "pods", nil, "want one of host, all"},
 		{"owner-affinity", "262145", nil, "want at most 262144 entries"},
 	} {
 		s := DefaultSettings()

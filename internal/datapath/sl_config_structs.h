@@ -58,6 +58,16 @@ struct sl_config {
 	__u32 owner_listeners; /* listener entries */
 	__u32 owner_lb_conns;  /* translated connected sockets */
 	__u32 owner_affinity;  /* ClientIP affinity entries (client namespace, frontend) */
+	/* SL_MODE_ON: the service load balancer translates at connect() only
+	 * for sockets of the host's network namespace (host_netns); pods'
+	 * connects to service addresses are left to the node's per-packet
+	 * proxy (kube-proxy), so a service mesh's sidecar sees the cluster
+	 * IP. Off: every managed socket, but those of network namespaces
+	 * opted out (sl_lb_optout). */
+	enum sl_mode lb_host_only;
+	/* Not a user setting: the network namespace cookie of the host (the
+	 * loader's own; the agent runs in it). */
+	__u64 host_netns;
 	/* Not a user setting: 1 where the kernel parses the kptr in
 	 * sl_listener_val (the loader probes it; 6.1 does not, and the
 	 * branches that use it are then dead code the verifier never sees). */
@@ -76,6 +86,7 @@ struct sl_config {
 	.owner_listeners = SL_OWNER_LISTENERS,                     \
 	.owner_lb_conns = SL_OWNER_LB_CONNS,                       \
 	.owner_affinity = SL_OWNER_AFFINITY,                       \
+	.lb_host_only = SL_MODE_OFF,                               \
 	.listener_kptr = 1,                                        \
 }
 

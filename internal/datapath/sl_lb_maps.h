@@ -81,6 +81,17 @@ struct {
 	__type(value, struct sl_lb_conn);
 } sl_lb_conns SEC(".maps");
 
+/* Network namespaces (cookies) whose sockets the load balancer leaves
+ * alone: pods opted out (a service mesh's), whose connects to service
+ * addresses the node's per-packet proxy serves. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_OWNERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, __u32);
+} sl_lb_optout SEC(".maps");
+
 /* Per-owner holdings of sl_lb_conns (SL_OWNER_LB_CONNS each). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

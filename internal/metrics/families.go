@@ -38,7 +38,7 @@ var (
 	famQuota       = family{"quota_refusals_total", "Entries of node-wide tables refused to an owner (a cgroup) holding its quota, by table; `socklane status` names the owners.", prometheus.CounterValue, []string{"table"}}
 	famSockets     = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
 
-	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction), nat_evicted (a UDP socket's least recently used VIP translation dropped: it talks to more than 32 VIPs), pick_ambiguous (a UDP socket's pick whose backend already answers for another of its VIPs, no other backend to be had), bank_retry (a pick that read the frontend again because an apply published new backends meanwhile).", prometheus.CounterValue, []string{"event"}}
+	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction), nat_evicted (a UDP socket's least recently used VIP translation dropped: it talks to more than 32 VIPs), pick_ambiguous (a UDP socket's pick whose backend already answers for another of its VIPs, no other backend to be had), bank_retry (a pick that read the frontend again because an apply published new backends meanwhile), out_of_scope (connects and sends to a service address left to the node's per-packet proxy: --service-lb-scope host, or a pod opted out).", prometheus.CounterValue, []string{"event"}}
 	famLBErrors    = family{"lb_errors_total", "Service load balancer errors, by kind.", prometheus.CounterValue, []string{"error"}}
 	famLBSelected  = family{"lb_backend_selections_total", "Connections (and unconnected UDP sends) sent to one backend of one service frontend.", prometheus.CounterValue, []string{"service", "frontend", "backend"}}
 	famLBRefused   = family{"lb_no_backend_total", "Connects and sends to a service frontend refused because it had no usable backend.", prometheus.CounterValue, []string{"service", "frontend"}}
@@ -122,6 +122,7 @@ var lbCounters = map[string]counterRef{
 	"bank_retry":         {famLBEvents, "bank_retry"},
 	"quota":              {famQuota, "lb_conns"},
 	"affinity_quota":     {famQuota, "affinity"},
+	"out_of_scope":       {famLBEvents, "out_of_scope"},
 	"pol_denied_connect": {famPolEvents, "denied_connect"},
 	"pol_denied_packet":  {famPolEvents, "denied_packet"},
 	"pol_first_packet":   {famPolEvents, "first_packet"},

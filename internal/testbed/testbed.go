@@ -196,6 +196,10 @@ func (b *Bed) AddPod(name string) (*Pod, error) {
 		{"ip", "-n", ns, "link", "set", "eth0", "up"},
 		{"ip", "-n", ns, "route", "add", "default", "via", b.GatewayV4.String()},
 		{"ip", "-n", ns, "-6", "route", "add", "default", "via", b.GatewayV6.String()},
+		// A service address nobody translated (a deleted Service, a pod
+		// left to kube-proxy) fails at once instead of leaving the
+		// machine through the host's default route.
+		{"ip", "-n", ns, "route", "add", "unreachable", "198.19.0.0/16"},
 	} {
 		if err := run(args...); err != nil {
 			return nil, err

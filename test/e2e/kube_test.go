@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/ports"
 	"github.com/socklane/socklane/internal/testutil"
 )
@@ -406,6 +407,8 @@ func TestKubeCRI(t *testing.T) {
 	rt.RunPodUID("default", "client", apiPod("client", "web", "node-1"), map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
 	rt.RunPodUID("default", "other", apiPod("other", "other", "node-1"), map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
 	rt.RunPodUID("default", "elsewhere", apiPod("elsewhere", "web", "node-2"), map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
+	// A meshed pod: labelled out of connect-time balancing.
+	rt.RunPodUID("default", "meshed", apiPod("meshed", "web", "node-1"), map[string]string{"app": "web", node.OptOutLabel: "off"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
 	pods := criPods(t, rt)
 	server, client := pods["default/server"], pods["default/client"]
 	var logs lockedBuffer
@@ -447,6 +450,27 @@ func TestKubeCRI(t *testing.T) {
 	}
 	mustEqual(t, testutil.Delta(before, in.Counters()), "conns_bypassed", 1)
 	mustAtLeast(t, testutil.Delta(lbBefore, lbCountersOf(t, in)), "selected", 1)
+
+	// The meshed pod is attached, and its connects to the ClusterIP are
+	// left untranslated (to kube-proxy, absent here: nothing answers).
+	waitForLog(t, &logs, func() bool { return strings.Contains(logs.String(), "pod opted out of connect-time service balancing") })
+	var optouts struct {
+		Netns []uint64 `json:"netns"`
+	}
+	if err := json.Unmarshal([]byte(in.MustRun("svc", "optout", "-o", "json")), &optouts); err != nil || len(optouts.Netns) != 1 {
+		t.Errorf("svc optout: %+v %v, want the meshed pod's namespace", optouts, err)
+	}
+	// What is not translated fails at once, never leaving the machine.
+	if out, err := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", pods["default/meshed"].PID), "ip", "route", "add", "unreachable", "198.19.0.0/16").CombinedOutput(); err != nil {
+		t.Fatalf("routing the meshed pod's service range nowhere: %v: %s", err, out)
+	}
+	lbBefore = lbCountersOf(t, in)
+	if out, err := rt.Exec(pods["default/meshed"].Containers[0].ID, 5*time.Second, "/socklane", "peer", "pingpong", "198.19.0.20:80", "--count", "1", "--warmup", "0"); err == nil {
+		t.Errorf("the meshed pod reached the ClusterIP through socklane: %s", out)
+	}
+	d := testutil.Delta(lbBefore, lbCountersOf(t, in))
+	mustAtLeast(t, d, "out_of_scope", 1)
+	mustEqual(t, d, "selected", 0)
 
 	if err := api.Client.CoreV1().Pods("default").Delete(ctx, "client", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
