@@ -174,6 +174,9 @@ func showServices(cmd *cobra.Command, g *globals, only string) error {
 		if v.Affinity == service.AffinityClientIP {
 			aff += "/" + v.Timeout.String()
 		}
+		if v.Selection == service.SelectMaglev {
+			aff += ",maglev"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", v.Key(), strings.Join(vips, ","), strings.Join(ports, ","), strings.Join(bes, " "), aff, v.Refused)
 	}
 	if err := tw.Flush(); err != nil {

@@ -227,7 +227,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 15
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 16
 )
 
 type bypassSlListener struct {

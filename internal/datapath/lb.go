@@ -113,7 +113,8 @@ func (d *Datapath) adoptLB() error {
 
 // ServiceBudget is what the load balancer's tables hold.
 func (d *Datapath) ServiceBudget() service.Budget {
-	return service.Budget{Frontends: int(d.lb.SlSvc.MaxEntries()), BackendSlots: int(d.lb.SlSvcBackends.MaxEntries())}
+	return service.Budget{Frontends: int(d.lb.SlSvc.MaxEntries()), BackendSlots: int(d.lb.SlSvcBackends.MaxEntries()),
+		MaglevTables: int(d.lb.SlSvcMaglev.MaxEntries())}
 }
 
 // SetServiceOptOut leaves the sockets of the network namespace whose

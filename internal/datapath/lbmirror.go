@@ -12,12 +12,15 @@ type lbMirror struct {
 	svcs    map[servicelbSlSvcKey]servicelbSlSvcVal
 	members map[uint32]map[servicelbSlBackend]uint32
 	slots   map[servicelbSlBackendKey]servicelbSlBackend
-	tag     string
+	// maglev is the signature of each Maglev frontend's live table
+	// (unknown after a read: the tables are rewritten).
+	maglev map[uint32]uint64
+	tag    string
 }
 
 // readMirror reads the service maps.
 func (d *Datapath) readMirror() (*lbMirror, error) {
-	m := &lbMirror{members: map[uint32]map[servicelbSlBackend]uint32{}}
+	m := &lbMirror{members: map[uint32]map[servicelbSlBackend]uint32{}, maglev: map[uint32]uint64{}}
 	var err error
 	if m.svcs, err = readAll[servicelbSlSvcKey, servicelbSlSvcVal](d.lb.SlSvc); err != nil {
 		return nil, fmt.Errorf("reading services: %w", err)

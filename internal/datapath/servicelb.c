@@ -36,6 +36,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 struct sl_lb_enums {
 	enum sl_lb_counter counter;
 	enum sl_member_state state;
+	enum sl_svc_flag svc_flag;
 	struct sl_lb_forget_args forget;
 	struct sl_lb_affinity_args affinity;
 	enum sl_lb_layout layout;
@@ -204,6 +205,39 @@ static __always_inline void affinity_record(const struct sl_affinity_key *ak, co
 	}
 }
 
+/* A 64-bit mix (splitmix64's finalizer). */
+static __always_inline __u64 mix64(__u64 x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	x ^= x >> 31;
+	return x;
+}
+
+/* The ready backend the frontend's Maglev table gives the caller's network
+ * namespace, or 0 (no table for the live bank: an apply is switching it;
+ * the random pick reads the frontend again). */
+static __always_inline struct sl_backend *maglev_pick(void *ctx, const struct sl_svc_val *svc)
+{
+	struct sl_maglev_key mk = {.id = svc->id, .bank = svc->bank};
+	struct sl_maglev *t = bpf_map_lookup_elem(&sl_svc_maglev, &mk);
+	if (!t)
+		return 0;
+	__u32 i = mix64(bpf_get_netns_cookie(ctx) ^ ((__u64)svc->id << 32)) % SL_MAGLEV_SIZE;
+	/* The verifier does not bound a remainder: a check the compiler
+	 * cannot drop as always false. */
+	asm volatile("" : "+r"(i));
+	if (i >= SL_MAGLEV_SIZE)
+		return 0;
+	__u32 slot = t->slot[i];
+	if (slot >= svc->ready)
+		return 0;
+	struct sl_backend_key bk = {.id = svc->id, .slot = ((__u32)svc->bank << SL_BANK_SHIFT) | slot};
+	return bpf_map_lookup_elem(&sl_svc_backends, &bk);
+}
+
 /* Picks a backend of the frontend k (looked up as svc). Returns 1 and
  * fills be, or -1 if it has no usable backend. st, for a UDP socket, is its
  * translations: a backend that already answers for another of its VIPs is
@@ -244,7 +278,9 @@ static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const str
 
 	struct sl_backend *b = 0;
 	int terminating = 0;
-	for (int r = 0; r <= SL_LB_BANK_RETRIES && svc; r++) {
+	if ((svc->flags & SL_SVC_MAGLEV) && svc->ready)
+		b = maglev_pick(ctx, svc);
+	for (int r = 0; r <= SL_LB_BANK_RETRIES && svc && !b; r++) {
 		__u32 base = 0, n = svc->ready;
 		if (n == 0) {
 			base = svc->ready;

@@ -97,7 +97,9 @@ type servicelbSlLbForgetArgs struct {
 type servicelbSlLbLayout uint32
 
 const (
-	servicelbSlLbLayoutSL_BANK_SHIFT servicelbSlLbLayout = 16
+	servicelbSlLbLayoutSL_BANK_SHIFT  servicelbSlLbLayout = 16
+	servicelbSlLbLayoutSL_MAGLEV_SIZE servicelbSlLbLayout = 4093
+	servicelbSlLbLayoutSL_MAX_MAGLEV  servicelbSlLbLayout = 4096
 )
 
 type servicelbSlLbOwner struct {
@@ -106,6 +108,17 @@ type servicelbSlLbOwner struct {
 	Refused         uint64
 	Affinity        uint64
 	AffinityRefused uint64
+}
+
+type servicelbSlMaglev struct {
+	_    structs.HostLayout
+	Slot [4093]uint16
+}
+
+type servicelbSlMaglevKey struct {
+	_    structs.HostLayout
+	Id   uint32
+	Bank uint32
 }
 
 type servicelbSlMember struct {
@@ -236,6 +249,12 @@ type servicelbSlPolRuleKey struct {
 	Pad       uint8
 }
 
+type servicelbSlSvcFlag uint32
+
+const (
+	servicelbSlSvcFlagSL_SVC_MAGLEV servicelbSlSvcFlag = 1
+)
+
 type servicelbSlSvcKey struct {
 	_     structs.HostLayout
 	Ip    [4]uint32
@@ -275,6 +294,7 @@ const (
 	servicelbMapSlSvc               = "sl_svc"
 	servicelbMapSlSvcAffinity       = "sl_svc_affinity"
 	servicelbMapSlSvcBackends       = "sl_svc_backends"
+	servicelbMapSlSvcMaglev         = "sl_svc_maglev"
 	servicelbMapSlSvcMembers        = "sl_svc_members"
 	servicelbMapSlSvcRefused        = "sl_svc_refused"
 	servicelbMapSlSvcSelected       = "sl_svc_selected"
@@ -371,6 +391,7 @@ type servicelbMapSpecs struct {
 	SlSvc         *ebpf.MapSpec `ebpf:"sl_svc"`
 	SlSvcAffinity *ebpf.MapSpec `ebpf:"sl_svc_affinity"`
 	SlSvcBackends *ebpf.MapSpec `ebpf:"sl_svc_backends"`
+	SlSvcMaglev   *ebpf.MapSpec `ebpf:"sl_svc_maglev"`
 	SlSvcMembers  *ebpf.MapSpec `ebpf:"sl_svc_members"`
 	SlSvcRefused  *ebpf.MapSpec `ebpf:"sl_svc_refused"`
 	SlSvcSelected *ebpf.MapSpec `ebpf:"sl_svc_selected"`
@@ -421,6 +442,7 @@ type servicelbMaps struct {
 	SlSvc         *ebpf.Map `ebpf:"sl_svc"`
 	SlSvcAffinity *ebpf.Map `ebpf:"sl_svc_affinity"`
 	SlSvcBackends *ebpf.Map `ebpf:"sl_svc_backends"`
+	SlSvcMaglev   *ebpf.Map `ebpf:"sl_svc_maglev"`
 	SlSvcMembers  *ebpf.Map `ebpf:"sl_svc_members"`
 	SlSvcRefused  *ebpf.Map `ebpf:"sl_svc_refused"`
 	SlSvcSelected *ebpf.Map `ebpf:"sl_svc_selected"`
@@ -445,6 +467,7 @@ func (m *servicelbMaps) Close() error {
 		m.SlSvc,
 		m.SlSvcAffinity,
 		m.SlSvcBackends,
+		m.SlSvcMaglev,
 		m.SlSvcMembers,
 		m.SlSvcRefused,
 		m.SlSvcSelected,

@@ -19,6 +19,8 @@ type frontend struct {
 	ready    int
 	idle     []servicelbSlBackend // members that take no new connections
 	affinity uint32
+	maglev   bool
+	weights  []uint16 // of the ready backends, for Maglev
 }
 
 func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
@@ -30,6 +32,7 @@ func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
 			if s.Affinity == service.AffinityClientIP {
 				f.affinity = uint32(s.Timeout / time.Second)
 			}
+			f.maglev = s.Selection == service.SelectMaglev
 			for _, role := range []service.Role{service.RoleReady, service.RoleFallback, service.RoleIdle} {
 				for _, b := range s.Backends {
 					port, serves := b.TargetPort(p)
@@ -43,6 +46,7 @@ func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
 						continue
 					case service.RoleReady:
 						f.ready++
+						f.weights = append(f.weights, b.Weight)
 					}
 					f.backends = append(f.backends, be)
 				}
@@ -129,13 +133,24 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	var staleM []servicelbSlMemberKey
 	var newSel []servicelbSlMemberKey
 	var newRefused []uint32
+	var mgKeys, staleMg []servicelbSlMaglevKey
+	var mgVals []servicelbSlMaglev
+	var mgSigs []uint64
 	for key, f := range want {
 		old, exists := have[key]
 		val := servicelbSlSvcVal{Ready: uint16(f.ready), Terminating: uint16(len(f.backends) - f.ready), AffinityS: f.affinity}
+		var sig uint64
+		if f.maglev {
+			val.Flags = uint16(servicelbSlSvcFlagSL_SVC_MAGLEV)
+			sig = maglevSig(f.backends[:f.ready], f.weights)
+		}
 		now := f.members()
 		if exists {
 			val.Id, val.Bank = old.Id, old.Bank^1
-			if sameBackends(slots, old, f) && old.AffinityS == f.affinity {
+			if old.Flags&uint16(servicelbSlSvcFlagSL_SVC_MAGLEV) != 0 && !f.maglev {
+				staleMg = append(staleMg, servicelbSlMaglevKey{Id: old.Id, Bank: 0}, servicelbSlMaglevKey{Id: old.Id, Bank: 1})
+			}
+			if sameBackends(slots, old, f) && old.AffinityS == f.affinity && old.Flags == val.Flags && (!f.maglev || mirror.maglev[old.Id] == sig) {
 				// The slots stand; members may have changed
 				// state (ready, not ready) without a new bank.
 				if !maps.Equal(members[old.Id], now) {
@@ -179,6 +194,11 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 			bKeys = append(bKeys, servicelbSlBackendKey{Id: val.Id, Slot: uint32(val.Bank)<<bankShift | uint32(i)})
 			bVals = append(bVals, b)
 		}
+		if t := maglevTable(f.backends[:f.ready], f.weights); f.maglev && t != nil {
+			mgKeys = append(mgKeys, servicelbSlMaglevKey{Id: val.Id, Bank: uint32(val.Bank)})
+			mgVals = append(mgVals, *t)
+			mgSigs = append(mgSigs, sig)
+		}
 		for b, state := range now {
 			mk := servicelbSlMemberKey{Id: val.Id, Be: b}
 			mKeys = append(mKeys, mk)
@@ -212,6 +232,9 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 		for b := range members[old.Id] {
 			staleM = append(staleM, servicelbSlMemberKey{Id: old.Id, Be: b})
 		}
+		if old.Flags&uint16(servicelbSlSvcFlagSL_SVC_MAGLEV) != 0 {
+			staleMg = append(staleMg, servicelbSlMaglevKey{Id: old.Id, Bank: 0}, servicelbSlMaglevKey{Id: old.Id, Bank: 1})
+		}
 	}
 
 	// New banks and members first, then publish, then clean up.
@@ -232,6 +255,9 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	if err := batchPut(d.lb.SlSvcRefused, newRefused, make([]uint64, len(newRefused))); err != nil {
 		return st, fmt.Errorf("creating refusal counters: %w", err)
 	}
+	if err := batchPut(d.lb.SlSvcMaglev, mgKeys, mgVals); err != nil {
+		return st, fmt.Errorf("writing Maglev tables: %w", err)
+	}
 	if err := batchPut(d.lb.SlSvc, sKeys, sVals); err != nil {
 		return st, fmt.Errorf("publishing services: %w", err)
 	}
@@ -250,6 +276,9 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	}
 	if err := deleteAll(d.lb.SlSvcRefused, goneIDs); err != nil {
 		return st, fmt.Errorf("removing old counters: %w", err)
+	}
+	if err := deleteAll(d.lb.SlSvcMaglev, staleMg); err != nil {
+		return st, fmt.Errorf("removing old Maglev tables: %w", err)
 	}
 	// The mirror takes what was written.
 	for i, k := range sKeys {
@@ -272,6 +301,12 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	}
 	for _, mk := range staleM {
 		mirror.dropMember(mk)
+	}
+	for i, k := range mgKeys {
+		mirror.maglev[k.Id] = mgSigs[i]
+	}
+	for _, k := range staleMg {
+		delete(mirror.maglev, k.Id)
 	}
 	mirror.tag = ""
 	d.lbm = mirror

@@ -52,7 +52,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 15,
+	SL_LAYOUT_VERSION = 16,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -176,6 +176,11 @@ enum sl_quota {
  * within the bank below. */
 enum sl_lb_layout {
 	SL_BANK_SHIFT = 16,
+	/* Entries of a Maglev table (a prime): a client namespace's hash
+	 * modulo this picks its entry, which names a backend slot. */
+	SL_MAGLEV_SIZE = 4093,
+	/* Maglev tables: frontends that use Maglev, twice (both banks). */
+	SL_MAX_MAGLEV = 4096,
 };
 
 #endif

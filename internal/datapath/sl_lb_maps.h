@@ -31,6 +31,14 @@ struct {
 	__type(value, struct sl_member);
 } sl_svc_members SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_MAGLEV);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct sl_maglev_key);
+	__type(value, struct sl_maglev);
+} sl_svc_maglev SEC(".maps");
+
 /* Selections per frontend and backend (same key as sl_svc_members).
  * Shared counters, added to atomically: per-CPU hash elements cost tens
  * of microseconds each to allocate and free, which made programming

@@ -6,6 +6,7 @@
 #define SL_LB_STRUCTS_H
 
 #include <linux/types.h>
+#include "sl_consts.h"
 
 /* A service frontend: virtual IP, port and protocol (IPPROTO_TCP/UDP). */
 struct sl_svc_key {
@@ -26,6 +27,24 @@ struct sl_svc_val {
 	__u16 ready;
 	__u16 terminating;
 	__u32 affinity_s;  /* ClientIP affinity timeout in seconds; 0: none */
+};
+
+/* sl_svc_val.flags */
+enum sl_svc_flag {
+	/* Backends chosen by Maglev over the client's network namespace
+	 * (sl_svc_maglev), not at random: a client pod keeps its backend
+	 * while it stays, and a change of backends moves the fewest. */
+	SL_SVC_MAGLEV = 1,
+};
+
+/* A frontend's Maglev table for one bank of its backends. */
+struct sl_maglev_key {
+	__u32 id;
+	__u32 bank;
+};
+
+struct sl_maglev {
+	__u16 slot[SL_MAGLEV_SIZE]; /* index of a ready backend in the bank */
 };
 
 struct sl_backend_key {

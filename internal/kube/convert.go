@@ -19,6 +19,10 @@ import (
 // (and socklane) leave it alone.
 const ProxyNameLabel = "service.kubernetes.io/service-proxy-name"
 
+// SelectionAnnotation on a Service chooses how its backends are picked:
+// Random (the default) or Maglev (service.Selection).
+const SelectionAnnotation = "socklane.io/selection"
+
 // Node is what Build needs of the node it serves: its name (an
 // endpoint's nodeName says whether it is local) and its zone (the
 // topology.kubernetes.io/zone label, for topology hints).
@@ -87,6 +91,9 @@ func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, node Nod
 		if len(s.VIPs) == 0 {
 			ignore(k, "headless: no cluster IP (DNS names the endpoints)")
 			continue
+		}
+		if sel := k.Annotations[SelectionAnnotation]; sel != "" {
+			s.Selection = service.Selection(sel)
 		}
 		if k.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 			s.Affinity = service.AffinityClientIP

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"maps"
 	"net/netip"
 	goslices "slices"
@@ -124,6 +125,7 @@ func TestBuildSemantics(t *testing.T) {
 		choice    string
 		ignored   string
 		frontends []string // all of them, when given
+		selection service.Selection
 	}
 	for _, tc := range []struct {
 		name   string
@@ -184,6 +186,9 @@ func TestBuildSemantics(t *testing.T) {
 			Node{Name: "n1", Addrs: []netip.Addr{netip.MustParseAddr("198.18.250.1"), netip.MustParseAddr("2001:db8::1")}},
 			want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady, "198.18.0.2": service.RoleIdle}, choice: "internalTrafficPolicy",
 				frontends: []string{"198.19.0.1:80/TCP", "198.19.9.1:80/TCP", "198.19.9.2:80/TCP", "198.18.250.1:30080/TCP"}}},
+		{"Maglev by annotation", func(s *corev1.Service) { s.Annotations = map[string]string{SelectionAnnotation: "Maglev"} },
+			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, ready("198.18.0.1"))},
+			Node{}, want{roles: map[string]service.Role{"198.18.0.1": service.RoleReady}, selection: service.SelectMaglev}},
 		{"another proxy's", func(s *corev1.Service) { s.Labels = map[string]string{ProxyNameLabel: "mesh"} },
 			[]*discoveryv1.EndpointSlice{slice("s", "s-a", http, ready("198.18.0.1"))},
 			Node{}, want{ignored: "another proxy"}},
@@ -243,6 +248,9 @@ func TestBuildSemantics(t *testing.T) {
 			}
 			if _, err := service.NewSet(out); err != nil {
 				t.Errorf("the built service does not validate: %v", err)
+			}
+			if want := cmp.Or(tc.want.selection, service.SelectRandom); s.Selection != want {
+				t.Errorf("selection %q, want %q", s.Selection, want)
 			}
 		})
 	}

@@ -22,10 +22,20 @@ type Skipped struct {
 // beside the old ones before they take over).
 type Budget struct {
 	Frontends, BackendSlots int
+	// MaglevTables: each frontend of a Maglev service takes two.
+	MaglevTables int
 }
 
 // cost is what s takes of a Budget.
-func (s *Service) cost() (frontends, slots int) {
+func (s *Service) cost() (frontends, slots, tables int) {
+	frontends, slots = s.slotCost()
+	if s.Selection == SelectMaglev {
+		tables = 2 * frontends
+	}
+	return frontends, slots, tables
+}
+
+func (s *Service) slotCost() (frontends, slots int) {
 	for _, f := range s.Frontends() {
 		n := 0
 		for _, b := range s.Backends {
@@ -61,7 +71,7 @@ func Partition(svcs []*Service, budget Budget) (*Set, []Skipped) {
 	set := &Set{}
 	names := map[string]bool{}
 	fronts := map[Frontend]string{}
-	usedFronts, usedSlots := 0, 0
+	usedFronts, usedSlots, usedTables := 0, 0, 0
 	for _, s := range cands {
 		if names[s.Key()] {
 			skipped = append(skipped, Skipped{Service: s.Key(), Reason: "defined twice"})
@@ -78,15 +88,22 @@ func Partition(svcs []*Service, budget Budget) (*Set, []Skipped) {
 			skipped = append(skipped, Skipped{Service: s.Key(), Reason: clash})
 			continue
 		}
-		nf, ns := s.cost()
+		nf, ns, nt := s.cost()
 		if budget.Frontends > 0 && usedFronts+nf > budget.Frontends || budget.BackendSlots > 0 && usedSlots+ns > budget.BackendSlots {
 			skipped = append(skipped, Skipped{Service: s.Key(), Reason: fmt.Sprintf(
 				"the node's service tables are full: it needs %d frontends and %d backend slots; %d of %d and %d of %d are taken by the services before it",
 				nf, ns, usedFronts, budget.Frontends, usedSlots, budget.BackendSlots)})
 			continue
 		}
+		if budget.MaglevTables > 0 && usedTables+nt > budget.MaglevTables {
+			skipped = append(skipped, Skipped{Service: s.Key(), Reason: fmt.Sprintf(
+				"the node's Maglev tables are full: it needs %d; %d of %d are taken by the services before it (use selection: Random)",
+				nt, usedTables, budget.MaglevTables)})
+			continue
+		}
 		usedFronts += nf
 		usedSlots += ns
+		usedTables += nt
 		names[s.Key()] = true
 		for _, f := range s.Frontends() {
 			fronts[f] = s.Key()

@@ -87,12 +87,27 @@ type Backend struct {
 	// Remote: the endpoint is on another node (internalTrafficPolicy:
 	// Local keeps its service's cluster IPs off it).
 	Remote bool `yaml:"remote,omitempty" json:"remote,omitempty"`
+	// Weight is the backend's share of new clients under Maglev
+	// selection, relative to the others' (default 1, at most MaxWeight).
+	Weight uint16 `yaml:"weight,omitempty" json:"weight,omitempty"`
 	// Excluded, when set, says why a backend that serves takes no new
 	// connections from this node (another zone's under topology
 	// hints): its connections stay, as do those of a backend that is
 	// not ready.
 	Excluded string `yaml:"-" json:"excluded,omitempty"`
 }
+
+// Selection is how a service's backend is chosen.
+type Selection string
+
+// Selections.
+const (
+	SelectRandom Selection = "Random"
+	SelectMaglev Selection = "Maglev"
+)
+
+// MaxWeight bounds a backend's weight (its share of a Maglev table).
+const MaxWeight = 100
 
 // Role is what the load balancer does with a backend.
 type Role int
@@ -155,6 +170,12 @@ type Service struct {
 	// to this node's endpoints only (none: refused); Cluster (or
 	// unset): to any.
 	InternalTrafficPolicy string `yaml:"internalTrafficPolicy,omitempty" json:"internalTrafficPolicy,omitempty"`
+	// Selection is how a connect's backend is chosen among the ready
+	// ones: Random (the default, as kube-proxy's iptables mode), or
+	// Maglev: by the client's network namespace over a Maglev table, so
+	// a client pod keeps its backend while it stays and a change of
+	// backends moves the fewest clients (without per-client state).
+	Selection Selection `yaml:"selection,omitempty" json:"selection,omitempty"`
 	// Choice, when set, says which backends new connections from this
 	// node go to (Kubernetes' internalTrafficPolicy or topology hints).
 	Choice string `yaml:"-" json:"choice,omitempty"`
@@ -298,6 +319,13 @@ func normalise(svcs []*Service, at lines) (*Set, error) {
 				}
 			}
 		}
+		switch s.Selection {
+		case "":
+			s.Selection = SelectRandom
+		case SelectRandom, SelectMaglev:
+		default:
+			bad(f+".selection", "%q: want Random or Maglev", s.Selection)
+		}
 		switch s.InternalTrafficPolicy {
 		case "", "Cluster", "Local":
 		default:
@@ -367,6 +395,9 @@ func normalise(svcs []*Service, at lines) (*Set, error) {
 				bad(bf+".ip", "%s listed twice", b.IP)
 			}
 			seenIP[b.IP] = true
+			if b.Weight > MaxWeight {
+				bad(bf+".weight", "%d: want 1 to %d", b.Weight, MaxWeight)
+			}
 			for name, n := range b.Ports {
 				if !slices.ContainsFunc(s.Ports, func(p Port) bool { return p.Name == name }) {
 					bad(bf+".ports", "%q names no port of the service", name)
