@@ -57,6 +57,35 @@ func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
 	return out
 }
 
+// memberDiff collects the writes that turn frontends' members into
+// others: members new or with another state, those new (their counters
+// start), and those gone (their sockets are stale).
+type memberDiff struct {
+	keys        []servicelbSlMemberKey
+	vals        []servicelbSlMember
+	added, gone []servicelbSlMemberKey
+}
+
+// diff adds what turns frontend id's members have into now.
+func (md *memberDiff) diff(id uint32, have, now map[servicelbSlBackend]uint32) {
+	for b, state := range now {
+		mk := servicelbSlMemberKey{Id: id, Be: b}
+		prev, ok := have[b]
+		if !ok || prev != state {
+			md.keys = append(md.keys, mk)
+			md.vals = append(md.vals, servicelbSlMember{State: state})
+		}
+		if !ok {
+			md.added = append(md.added, mk)
+		}
+	}
+	for b := range have {
+		if _, ok := now[b]; !ok {
+			md.gone = append(md.gone, servicelbSlMemberKey{Id: id, Be: b})
+		}
+	}
+}
+
 // members are the frontend's backends by their state in sl_svc_members.
 func (f *frontend) members() map[servicelbSlBackend]uint32 {
 	out := make(map[servicelbSlBackend]uint32, len(f.backends)+len(f.idle))
@@ -125,13 +154,10 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 
 	var bKeys []servicelbSlBackendKey
 	var bVals []servicelbSlBackend
-	var mKeys []servicelbSlMemberKey
-	var mVals []servicelbSlMember
+	var md memberDiff
 	var sKeys []servicelbSlSvcKey
 	var sVals []servicelbSlSvcVal
 	var staleB, leftB []servicelbSlBackendKey
-	var staleM []servicelbSlMemberKey
-	var newSel []servicelbSlMemberKey
 	var newRefused []uint32
 	var mgKeys, staleMg []servicelbSlMaglevKey
 	var mgVals []servicelbSlMaglev
@@ -155,21 +181,7 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 				// state (ready, not ready) without a new bank.
 				if !maps.Equal(members[old.Id], now) {
 					st.Updated++
-					for b, state := range now {
-						mk := servicelbSlMemberKey{Id: old.Id, Be: b}
-						if prev, ok := members[old.Id][b]; !ok || prev != state {
-							mKeys = append(mKeys, mk)
-							mVals = append(mVals, servicelbSlMember{State: state})
-						}
-						if _, ok := members[old.Id][b]; !ok {
-							newSel = append(newSel, mk)
-						}
-					}
-					for b := range members[old.Id] {
-						if _, ok := now[b]; !ok {
-							staleM = append(staleM, servicelbSlMemberKey{Id: old.Id, Be: b})
-						}
-					}
+					md.diff(old.Id, members[old.Id], now)
 				}
 				continue
 			}
@@ -194,24 +206,12 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 			bKeys = append(bKeys, servicelbSlBackendKey{Id: val.Id, Slot: uint32(val.Bank)<<bankShift | uint32(i)})
 			bVals = append(bVals, b)
 		}
-		if t := maglevTable(f.backends[:f.ready], f.weights); f.maglev && t != nil {
+		if f.maglev && f.ready > 0 {
 			mgKeys = append(mgKeys, servicelbSlMaglevKey{Id: val.Id, Bank: uint32(val.Bank)})
-			mgVals = append(mgVals, *t)
+			mgVals = append(mgVals, *maglevTable(f.backends[:f.ready], f.weights))
 			mgSigs = append(mgSigs, sig)
 		}
-		for b, state := range now {
-			mk := servicelbSlMemberKey{Id: val.Id, Be: b}
-			mKeys = append(mKeys, mk)
-			mVals = append(mVals, servicelbSlMember{State: state})
-			if _, ok := members[val.Id][b]; !ok {
-				newSel = append(newSel, mk)
-			}
-		}
-		for b := range members[val.Id] {
-			if _, ok := now[b]; !ok {
-				staleM = append(staleM, servicelbSlMemberKey{Id: val.Id, Be: b})
-			}
-		}
+		md.diff(val.Id, members[val.Id], now)
 		sKeys = append(sKeys, key)
 		sVals = append(sVals, val)
 	}
@@ -229,9 +229,7 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 				staleB = append(staleB, servicelbSlBackendKey{Id: old.Id, Slot: bank<<bankShift | uint32(i)})
 			}
 		}
-		for b := range members[old.Id] {
-			staleM = append(staleM, servicelbSlMemberKey{Id: old.Id, Be: b})
-		}
+		md.diff(old.Id, members[old.Id], nil)
 		if old.Flags&uint16(servicelbSlSvcFlagSL_SVC_MAGLEV) != 0 {
 			staleMg = append(staleMg, servicelbSlMaglevKey{Id: old.Id, Bank: 0}, servicelbSlMaglevKey{Id: old.Id, Bank: 1})
 		}
@@ -244,12 +242,12 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	if err := batchPut(d.lb.SlSvcBackends, bKeys, bVals); err != nil {
 		return st, fmt.Errorf("writing backends: %w", err)
 	}
-	if err := batchPut(d.lb.SlSvcMembers, mKeys, mVals); err != nil {
+	if err := batchPut(d.lb.SlSvcMembers, md.keys, md.vals); err != nil {
 		return st, fmt.Errorf("writing service members: %w", err)
 	}
 	// Counters start at zero for members and frontends new to the
 	// load balancer; existing ones keep counting.
-	if err := batchPut(d.lb.SlSvcSelected, newSel, make([]uint64, len(newSel))); err != nil {
+	if err := batchPut(d.lb.SlSvcSelected, md.added, make([]uint64, len(md.added))); err != nil {
 		return st, fmt.Errorf("creating selection counters: %w", err)
 	}
 	if err := batchPut(d.lb.SlSvcRefused, newRefused, make([]uint64, len(newRefused))); err != nil {
@@ -267,11 +265,11 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	if err := deleteAll(d.lb.SlSvcBackends, staleB); err != nil {
 		return st, fmt.Errorf("removing old backends: %w", err)
 	}
-	st.removed, st.Stale = staleM, len(staleM)
-	if err := deleteAll(d.lb.SlSvcMembers, staleM); err != nil {
+	st.removed, st.Stale = md.gone, len(md.gone)
+	if err := deleteAll(d.lb.SlSvcMembers, md.gone); err != nil {
 		return st, fmt.Errorf("removing old members: %w", err)
 	}
-	if err := deleteAll(d.lb.SlSvcSelected, staleM); err != nil {
+	if err := deleteAll(d.lb.SlSvcSelected, md.gone); err != nil {
 		return st, fmt.Errorf("removing old counters: %w", err)
 	}
 	if err := deleteAll(d.lb.SlSvcRefused, goneIDs); err != nil {
@@ -296,10 +294,10 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	for _, k := range staleB {
 		delete(slots, k)
 	}
-	for i, mk := range mKeys {
-		mirror.setMember(mk, mVals[i].State)
+	for i, mk := range md.keys {
+		mirror.setMember(mk, md.vals[i].State)
 	}
-	for _, mk := range staleM {
+	for _, mk := range md.gone {
 		mirror.dropMember(mk)
 	}
 	for i, k := range mgKeys {
