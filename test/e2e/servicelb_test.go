@@ -109,7 +109,11 @@ func TestServiceLB(t *testing.T) {
 		// processes in cgroups of their own, sharing the node's
 		// address) share the choice, as kube-proxy's by source address.
 		var shared string
-		for i := range 6 {
+		hosts := 6
+		if testing.Short() {
+			hosts = 3 // emulated kernels: each workload takes seconds
+		}
+		for i := range hosts {
 			h := testutil.HostPod(t, testutil.Bed(t), fmt.Sprintf("h%d", i))
 			lb.in.Attach(h)
 			r := lb.probe(t, h, "tcp", "198.19.0.11:80", 3)
