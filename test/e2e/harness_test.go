@@ -502,6 +502,7 @@ func (h *holder) closed(t *testing.T, want int, linger time.Duration) map[int]st
 // lbBed is a client pod, a host-network client and two backend pods, each
 // backend answering its own name over TCP and UDP on port 8080.
 type lbBed struct {
+	bed    *testbed.Bed // more pods join it, on its bridge
 	in     *testutil.Instance
 	client *testbed.Pod
 	host   *testbed.Pod
@@ -511,7 +512,7 @@ type lbBed struct {
 
 func newLBBed(t *testing.T, settings ...string) *lbBed {
 	b := testutil.Bed(t)
-	lb := &lbBed{in: testutil.NewInstance(t), dir: t.TempDir()}
+	lb := &lbBed{bed: b, in: testutil.NewInstance(t), dir: t.TempDir()}
 	lb.in.Settings = append(lb.in.Settings, settings...)
 	lb.client = testutil.Pod(t, b, "client")
 	lb.host = testutil.HostPod(t, b, "host")

@@ -15,7 +15,7 @@ import (
 // backend.
 func TestServiceMaglev(t *testing.T) {
 	lb := newLBBed(t)
-	b := testutil.Bed(t)
+	b := lb.bed
 	be2 := testutil.Pod(t, b, "be2")
 	start(t, be2, lb.in.Bin, "peer", "whoami", "[::]:8080", "--network", "tcp", "--label", "be2")
 	waitPort(t, be2, "[::]:8080")

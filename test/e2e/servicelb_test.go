@@ -114,7 +114,7 @@ func TestServiceLB(t *testing.T) {
 			hosts = 3 // emulated kernels: each workload takes seconds
 		}
 		for i := range hosts {
-			h := testutil.HostPod(t, testutil.Bed(t), fmt.Sprintf("h%d", i))
+			h := testutil.HostPod(t, lb.bed, fmt.Sprintf("h%d", i))
 			lb.in.Attach(h)
 			r := lb.probe(t, h, "tcp", "198.19.0.11:80", 3)
 			if len(r.Replies) != 1 {
@@ -131,7 +131,7 @@ func TestServiceLB(t *testing.T) {
 		// backends show up.
 		seen := map[string]bool{}
 		for i := 0; i < 20 && len(seen) < 2; i++ {
-			p := testutil.Pod(t, testutil.Bed(t), fmt.Sprintf("a%d", i))
+			p := testutil.Pod(t, lb.bed, fmt.Sprintf("a%d", i))
 			lb.in.Attach(p)
 			r := lb.probe(t, p, "tcp", "198.19.0.11:80", 3)
 			if len(r.Replies) != 1 {
