@@ -196,10 +196,6 @@ func (b *Bed) AddPod(name string) (*Pod, error) {
 		{"ip", "-n", ns, "link", "set", "eth0", "up"},
 		{"ip", "-n", ns, "route", "add", "default", "via", b.GatewayV4.String()},
 		{"ip", "-n", ns, "-6", "route", "add", "default", "via", b.GatewayV6.String()},
-		// A service address nobody translated (a deleted Service, a pod
-		// left to kube-proxy) fails at once instead of leaving the
-		// machine through the host's default route.
-		{"ip", "-n", ns, "route", "add", "unreachable", "198.19.0.0/16"},
 	} {
 		if err := run(args...); err != nil {
 			return nil, err
@@ -234,6 +230,18 @@ func (b *Bed) addCgroup(p *Pod) error {
 	}
 	p.CgroupID = id
 	return nil
+}
+
+// RouteNowhere makes the pod's connects to prefix fail at once
+// (EHOSTUNREACH) instead of leaving the machine through the host's
+// default route: for tests of addresses nobody translates (a deleted
+// Service, a pod left to kube-proxy). Only a pod with its own network
+// namespace.
+func (p *Pod) RouteNowhere(prefix string) error {
+	if p.NetNS == "" {
+		return fmt.Errorf("pod %s shares the host's network namespace", p.Name)
+	}
+	return run("ip", "-n", filepath.Base(p.NetNS), "route", "add", "unreachable", prefix)
 }
 
 // Command returns a command that starts inside the pod: in its cgroup from

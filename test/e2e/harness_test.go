@@ -572,3 +572,14 @@ func (lb *lbBed) lbCounters(t *testing.T) map[string]uint64 {
 	t.Helper()
 	return lbCountersOf(t, lb.in)
 }
+
+// routeVIPsNowhere makes the pods' connects to a service address nobody
+// translates fail at once instead of leaving the machine.
+func routeVIPsNowhere(t *testing.T, pods ...*testbed.Pod) {
+	t.Helper()
+	for _, p := range pods {
+		if err := p.RouteNowhere("198.19.0.0/16"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -208,6 +208,7 @@ func TestKubeServiceSemantics(t *testing.T) {
 			t.Errorf("svc list:\n%s", out)
 		}
 		// Not translated: the ClusterIP is nobody's address here.
+		routeVIPsNowhere(t, lb.client)
 		if r := lb.probe(t, lb.client, "tcp", "198.19.0.22:80", 1); len(r.Replies) != 0 {
 			t.Errorf("another proxy's Service was served: %v", r.Replies)
 		}

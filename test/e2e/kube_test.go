@@ -367,6 +367,7 @@ func TestKubeServices(t *testing.T) {
 	}
 	waitForLog(t, &logs, func() bool { return !strings.Contains(lb.in.MustRun("svc", "list"), "default/who") })
 	// The VIP is nobody's address once its Service is gone.
+	routeVIPsNowhere(t, lb.client)
 	if r := lb.probe(t, lb.client, "tcp", "198.19.0.10:80", 1); len(r.Errors) == 0 || len(r.Replies) != 0 {
 		t.Errorf("a connect to a deleted Service's ClusterIP: %v %v", r.Replies, r.Errors)
 	}

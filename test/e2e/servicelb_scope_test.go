@@ -36,6 +36,7 @@ func TestServiceScope(t *testing.T) {
 	}
 	t.Run("pod opted out", func(t *testing.T) {
 		lb := newLBBed(t)
+		routeVIPsNowhere(t, lb.client)
 		lb.apply(t, services(lb))
 		balanced(t, lb, lb.client, true)
 		out := lb.in.MustRun("svc", "optout", lb.client.NetNS)
@@ -58,6 +59,7 @@ func TestServiceScope(t *testing.T) {
 	})
 	t.Run("host namespace only", func(t *testing.T) {
 		lb := newLBBed(t, "--service-lb-scope", "host")
+		routeVIPsNowhere(t, lb.client)
 		lb.apply(t, services(lb))
 		balanced(t, lb, lb.host, true)
 		balanced(t, lb, lb.client, false)
