@@ -42,11 +42,11 @@ socklane with 'socklane down'.`,
 			cfg.PodSelector, cfg.CRISocket, cfg.PodInterval = podSelector, criSocket, podInterval
 			cfg.KubeServices, cfg.Kubeconfig = kubeServices, kubeconfig
 			cfg.KubePodSelector, cfg.NodeName = kubePodSelector, nodeName
-			sc, lease, err := sf.config(nodeName)
+			sc, lease, err := sf.config(nodeName, cfg.PinDir())
 			if err != nil {
 				return err
 			}
-			cfg.Sync, cfg.SyncLease = sc, lease
+			cfg.Sync, cfg.SyncLease, cfg.SyncPods = sc, lease, sf.pods
 			return agent.Run(ctx, cfg, g.logger(os.Stderr))
 		},
 	}

@@ -9,10 +9,15 @@ import (
 	"time"
 
 	"github.com/socklane/socklane/internal/agent"
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/statesync"
 	"github.com/socklane/socklane/internal/syncpb"
 	"github.com/spf13/cobra"
 )
+
+// podTablePoll is how often the synced pod table is read and compared
+// with what was published (its writes are all published as made).
+const podTablePoll = 30 * time.Second
 
 // syncFlags are the agent's state sync flags.
 type syncFlags struct {
@@ -26,6 +31,7 @@ type syncFlags struct {
 	leaseDuration     time.Duration
 	takeoverTimeout   time.Duration
 	peersFrom         string
+	pods              bool
 }
 
 func (f *syncFlags) add(cmd *cobra.Command) {
@@ -37,6 +43,7 @@ func (f *syncFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.ca, "sync-ca", "", "CA certificate (PEM) that signs every node's sync certificate (socklane sync certs makes one)")
 	fl.StringVar(&f.cert, "sync-cert", "", "this node's sync certificate (PEM), naming --node-name; read again at every handshake")
 	fl.StringVar(&f.key, "sync-key", "", "the key of --sync-cert (PEM)")
+	fl.BoolVar(&f.pods, "sync-pods", false, "with --kube-policies: publish this node's pods to the other nodes through the sync (socklane's pod table) and take theirs from it, instead of watching every pod of the cluster")
 	fl.DurationVar(&f.digest, "sync-digest-interval", statesync.DefaultDigestInterval, "how often each node sends digests of the entries it wrote (anti-entropy)")
 	fl.DurationVar(&f.bootstrap, "sync-bootstrap-timeout", statesync.DefaultBootstrapTimeout, "how long to wait for the peers' state before reading the local maps at start")
 	fl.IntVar(&f.logSize, "sync-log-size", statesync.DefaultLogSize, "changes kept for peers that reconnect (a peer further behind gets a snapshot)")
@@ -48,10 +55,10 @@ func (f *syncFlags) add(cmd *cobra.Command) {
 
 // config is nil when the sync is off; the lease is nil without
 // --sync-lease.
-func (f *syncFlags) config(node string) (*statesync.Config, *statesync.Lease, error) {
+func (f *syncFlags) config(node, pinDir string) (*statesync.Config, *statesync.Lease, error) {
 	if f.listen == "" {
-		if len(f.peers)+len(f.maps) > 0 || f.ca+f.cert+f.key+f.lease+f.peersFrom != "" || f.active {
-			return nil, nil, fmt.Errorf("--sync-peer, --sync-peers-from, --sync-map, --sync-ca, --sync-cert, --sync-key, --sync-active and --sync-lease need --sync-listen (the address peers connect to)")
+		if len(f.peers)+len(f.maps) > 0 || f.ca+f.cert+f.key+f.lease+f.peersFrom != "" || f.active || f.pods {
+			return nil, nil, fmt.Errorf("--sync-peer, --sync-peers-from, --sync-map, --sync-pods, --sync-ca, --sync-cert, --sync-key, --sync-active and --sync-lease need --sync-listen (the address peers connect to)")
 		}
 		return nil, nil, nil
 	}
@@ -79,6 +86,12 @@ func (f *syncFlags) config(node string) (*statesync.Config, *statesync.Lease, er
 			return nil, nil, err
 		}
 		c.Tables = append(c.Tables, t)
+	}
+	if f.pods {
+		// Written by the agent only, each write published as it is made:
+		// the map is read again only as a check.
+		c.Tables = append(c.Tables, statesync.TableConfig{Name: datapath.PodTableName, Path: datapath.PodTablePin(pinDir),
+			Mode: syncpb.Mode_MODE_SHARED, Poll: podTablePoll})
 	}
 	if f.digest <= 0 || f.bootstrap <= 0 || f.takeoverTimeout <= 0 {
 		return nil, nil, fmt.Errorf("--sync-digest-interval, --sync-bootstrap-timeout and --sync-takeover-timeout must be positive")

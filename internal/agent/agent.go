@@ -81,6 +81,10 @@ type Config struct {
 	// Namespaces and Pods) on the pods KubePodSelector attaches. Not with
 	// PoliciesFile.
 	KubePolicies bool
+	// SyncPods: with KubePolicies and Sync (whose tables include the pod
+	// table), this node's pods are published through the sync and the
+	// other nodes' read from it, instead of watching every pod.
+	SyncPods bool
 }
 
 // Validate checks the settings that do not need the kernel.
@@ -96,6 +100,9 @@ func (c Config) Validate() error {
 	}
 	if c.KubePolicies && c.PoliciesFile != "" {
 		return errors.New("--kube-policies and --policies: give one source of policies")
+	}
+	if c.SyncPods && (!c.KubePolicies || c.Sync == nil) {
+		return errors.New("--sync-pods publishes and reads pods for --kube-policies through the sync: it needs --kube-policies and --sync-listen")
 	}
 	if c.KubePolicies && c.KubePodSelector == "" {
 		return errors.New("--kube-policies needs --kube-pod-selector: policies are enforced on the pods socklane attaches, found through the container runtime")
@@ -193,7 +200,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// The sync's maps and certificates are checked before the node is
 	// touched.
 	var syncEngine *statesync.Engine
-	if cfg.Sync != nil {
+	if cfg.SyncPods {
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+		// The pod table is pinned with the datapath, loaded below; the
+		// engine opens it then.
+		if err := statesync.Check(*cfg.Sync, datapath.PodTablePin(cfg.PinDir())); err != nil {
+			return err
+		}
+	} else if cfg.Sync != nil {
 		var err error
 		if syncEngine, err = statesync.New(*cfg.Sync, log); err != nil {
 			return err
@@ -260,6 +276,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer dp.Close()
+	var remotePods kube.RemotePods
+	if cfg.SyncPods {
+		if syncEngine, err = statesync.New(*cfg.Sync, log); err != nil {
+			return err
+		}
+		defer syncEngine.Close()
+		sp, err := newSyncedPods(ctx, syncEngine, cfg.PinDir(), cfg.NodeName, log)
+		if err != nil {
+			return err
+		}
+		defer sp.close()
+		remotePods = sp
+	}
 	var files <-chan time.Time
 	if svcWatch != nil {
 		if err := svcWatch.applyNow(svcSet, svcSum); err != nil {
@@ -294,7 +323,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
-			kubeDone <- kube.WatchPolicies(ctx, kubeCfg, cfg.NodeName, 20*time.Millisecond, pods.Cgroups, func(set *policy.Set) error {
+			kubeDone <- kube.WatchPolicies(ctx, kubeCfg, cfg.NodeName, 20*time.Millisecond, pods.Cgroups, remotePods, func(set *policy.Set) error {
 				res, err := node.ApplyPolicies(dp, cfg.PinName, set, log)
 				if err == nil {
 					log.Debug("policies programmed", "policies", res.Policies, "local_pods", res.Cgroups, "rules", res.Rules,

@@ -46,6 +46,7 @@ struct sl_lb_enums {
 	enum sl_pol_dir pol_dir;
 	enum sl_pol_flag pol_flag;
 	enum sl_pol_rule_bits pol_bits;
+	enum sl_pod_limits pod_limits;
 };
 const struct sl_lb_enums *sl_lb_enums_unused __attribute__((unused));
 

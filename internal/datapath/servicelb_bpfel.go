@@ -142,6 +142,24 @@ const (
 	servicelbSlMemberStateSL_MEMBER_IDLE        servicelbSlMemberState = 3
 )
 
+type servicelbSlPodKey struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+}
+
+type servicelbSlPodLimits uint32
+
+const (
+	servicelbSlPodLimitsSL_POD_MAX_RECORDS servicelbSlPodLimits = 65536
+	servicelbSlPodLimitsSL_POD_RECORD_DATA servicelbSlPodLimits = 1532
+)
+
+type servicelbSlPodRecord struct {
+	_    structs.HostLayout
+	Len  uint32
+	Data [1532]uint8
+}
+
 type servicelbSlPolCgroupKey struct {
 	_      structs.HostLayout
 	Cgroup uint64
@@ -284,6 +302,7 @@ const (
 	servicelbMapSlLbOwners          = "sl_lb_owners"
 	servicelbMapSlLbSk              = "sl_lb_sk"
 	servicelbMapSlLbStats           = "sl_lb_stats"
+	servicelbMapSlPodRecords        = "sl_pod_records"
 	servicelbMapSlPolCgroups        = "sl_pol_cgroups"
 	servicelbMapSlPolCtl            = "sl_pol_ctl"
 	servicelbMapSlPolFlows          = "sl_pol_flows"
@@ -381,6 +400,7 @@ type servicelbMapSpecs struct {
 	SlLbOwners    *ebpf.MapSpec `ebpf:"sl_lb_owners"`
 	SlLbSk        *ebpf.MapSpec `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.MapSpec `ebpf:"sl_lb_stats"`
+	SlPodRecords  *ebpf.MapSpec `ebpf:"sl_pod_records"`
 	SlPolCgroups  *ebpf.MapSpec `ebpf:"sl_pol_cgroups"`
 	SlPolCtl      *ebpf.MapSpec `ebpf:"sl_pol_ctl"`
 	SlPolFlows    *ebpf.MapSpec `ebpf:"sl_pol_flows"`
@@ -432,6 +452,7 @@ type servicelbMaps struct {
 	SlLbOwners    *ebpf.Map `ebpf:"sl_lb_owners"`
 	SlLbSk        *ebpf.Map `ebpf:"sl_lb_sk"`
 	SlLbStats     *ebpf.Map `ebpf:"sl_lb_stats"`
+	SlPodRecords  *ebpf.Map `ebpf:"sl_pod_records"`
 	SlPolCgroups  *ebpf.Map `ebpf:"sl_pol_cgroups"`
 	SlPolCtl      *ebpf.Map `ebpf:"sl_pol_ctl"`
 	SlPolFlows    *ebpf.Map `ebpf:"sl_pol_flows"`
@@ -457,6 +478,7 @@ func (m *servicelbMaps) Close() error {
 		m.SlLbOwners,
 		m.SlLbSk,
 		m.SlLbStats,
+		m.SlPodRecords,
 		m.SlPolCgroups,
 		m.SlPolCtl,
 		m.SlPolFlows,

@@ -61,4 +61,12 @@ struct {
 	__type(value, __u64);
 } sl_pol_replies SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_POD_MAX_RECORDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct sl_pod_key);
+	__type(value, struct sl_pod_record);
+} sl_pod_records SEC(".maps");
+
 #endif

@@ -137,4 +137,23 @@ struct sl_pol_reply_key {
 	__u32 pad2;
 };
 
+/* The pod table: what this node says of its pods to the other nodes'
+ * policies (each node publishes its own; the state sync replicates the
+ * table, so an agent need not watch every pod of the cluster). Only the
+ * agent reads and writes it; no program looks it up. */
+enum sl_pod_limits {
+	SL_POD_MAX_RECORDS = 65536,   /* pod addresses of the cluster */
+	SL_POD_RECORD_DATA = 1532,    /* an encoded record (socklane.sync.v1.PodRecord) */
+};
+
+/* A pod address (IPv6, or IPv4-mapped, network order). */
+struct sl_pod_key {
+	__u8 addr[16];
+};
+
+struct sl_pod_record {
+	__u32 len;                    /* bytes of data used */
+	__u8 data[SL_POD_RECORD_DATA];
+};
+
 #endif

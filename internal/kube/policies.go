@@ -2,18 +2,23 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/socklane/socklane/internal/policy"
 )
@@ -73,12 +78,25 @@ func BuildPolicies(nps []*networkingv1.NetworkPolicy, nss []*corev1.Namespace, p
 	return set, notes
 }
 
+// RemotePods are the other nodes' pods from elsewhere than the API server
+// (the state sync's pod table), where this node publishes its own.
+type RemotePods interface {
+	// Publish says this node's pods to the other nodes.
+	Publish(local []*policy.Pod) error
+	// Pods are the other nodes' pods.
+	Pods() ([]*policy.Pod, error)
+	// Changed is signalled when Pods may say something new.
+	Changed() <-chan struct{}
+}
+
 // WatchPolicies keeps apply fed with the cluster's network policies until
 // ctx ends: NetworkPolicies, Namespaces and Pods through informers, this
 // node's pods' cgroups through local (checked every second: a pod that
-// starts on this node is enforced once the runtime runs it). Changes that
-// arrive together are applied together.
-func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet time.Duration, local LocalCgroups, apply func(*policy.Set) error, log *slog.Logger) error {
+// starts on this node is enforced once the runtime runs it). With remote,
+// only this node's pods are watched; the other nodes' come from remote,
+// which is told this node's. Changes that arrive together are applied
+// together.
+func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet time.Duration, local LocalCgroups, remote RemotePods, apply func(*policy.Set) error, log *slog.Logger) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("creating the Kubernetes client: %w", err)
@@ -86,7 +104,16 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 	f := informers.NewSharedInformerFactory(cs, 0)
 	npInf := f.Networking().V1().NetworkPolicies()
 	nsInf := f.Core().V1().Namespaces()
-	podInf := f.Core().V1().Pods()
+	podFactory, what := f, "networkpolicies, namespaces and pods"
+	var remoteChanged <-chan struct{}
+	if remote != nil {
+		podFactory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+		}))
+		defer podFactory.Shutdown()
+		what, remoteChanged = "networkpolicies, namespaces and this node's pods", remote.Changed()
+	}
+	podInf := podFactory.Core().V1().Pods()
 	kick := make(chan struct{}, 1)
 	changed := func() {
 		select {
@@ -95,10 +122,19 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 		}
 	}
 	defer f.Shutdown()
-	if err := startInformers(ctx, f, changed, "networkpolicies, namespaces and pods", npInf.Informer(), nsInf.Informer(), podInf.Informer()); err != nil {
+	if remote != nil {
+		if err := startInformers(ctx, podFactory, changed, what, podInf.Informer()); err != nil {
+			return err
+		}
+	}
+	infs := []cache.SharedIndexInformer{npInf.Informer(), nsInf.Informer()}
+	if remote == nil {
+		infs = append(infs, podInf.Informer())
+	}
+	if err := startInformers(ctx, f, changed, what, infs...); err != nil {
 		return err
 	}
-	log.Info("kubernetes policy source synced")
+	log.Info("kubernetes policy source synced", "pods", map[bool]string{true: "this node's, the others' through the sync", false: "every node's"}[remote != nil])
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var lastLocal map[string]string
@@ -111,6 +147,9 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 			if !maps.Equal(local(), lastLocal) {
 				changed()
 			}
+			continue
+		case <-remoteChanged:
+			changed()
 			continue
 		case <-kick:
 		}
@@ -132,6 +171,12 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 		lastLocal = local()
 		start := time.Now()
 		set, notes := BuildPolicies(nps, nss, pods, node, lastLocal)
+		remotes := 0
+		if remote != nil {
+			if remotes, err = withRemote(set, remote); err != nil {
+				log.Error("the other nodes' pods", "err", err)
+			}
+		}
 		for _, n := range notes {
 			log.Debug("kubernetes policy source", "note", n)
 		}
@@ -139,6 +184,37 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 			log.Error("applying kubernetes network policies", "err", err)
 			continue
 		}
-		log.Info("kubernetes network policies applied", "policies", len(set.Policies), "pods", len(set.Pods), "latency", time.Since(start))
+		log.Info("kubernetes network policies applied", "policies", len(set.Policies), "pods", len(set.Pods), "other_nodes_pods", remotes, "latency", time.Since(start))
 	}
+}
+
+// withRemote publishes set's pods (this node's) and adds the other nodes'
+// from remote, but for an address or a name one of this node's pods has
+// (a record not yet replaced or deleted after the pod or its address moved
+// here), and a second record of one pod. It returns how many pods it
+// added.
+func withRemote(set *policy.Set, remote RemotePods) (int, error) {
+	pubErr := remote.Publish(set.Pods)
+	others, err := remote.Pods()
+	if err != nil {
+		return 0, errors.Join(pubErr, err)
+	}
+	mine, names := map[netip.Addr]bool{}, map[string]bool{}
+	for _, p := range set.Pods {
+		names[p.Key()] = true
+		for _, a := range p.IPs {
+			mine[a] = true
+		}
+	}
+	n := 0
+	for _, p := range others {
+		p.IPs = slices.DeleteFunc(p.IPs, func(a netip.Addr) bool { return mine[a] })
+		if len(p.IPs) == 0 || names[p.Key()] {
+			continue
+		}
+		names[p.Key()] = true
+		set.Pods = append(set.Pods, p)
+		n++
+	}
+	return n, pubErr
 }

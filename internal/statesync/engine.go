@@ -54,6 +54,9 @@ type Engine struct {
 	peers       map[string]*PeerStatus
 	events      *eventLog
 	wake        chan struct{} // closed and replaced when the log grows
+	// changed are, per table, signalled (without blocking) when a peer's
+	// writes reach its map.
+	changed []chan struct{}
 
 	// bootstrapped is closed once every peer sent its snapshot, or the
 	// bootstrap timeout passed.
@@ -67,6 +70,34 @@ type stats struct {
 	sent, applied, stale, resent, dropped, published atomic.Uint64
 	snapshotsSent, snapshotsApplied, resyncs         atomic.Uint64
 	refused, diverged, lost, polls, pollChanges      atomic.Uint64
+}
+
+// Check checks what New would, but for the maps pinned at the paths in
+// later (ones the caller pins before it calls New): the settings, the
+// certificates, and that every other map is pinned and can be synced.
+func Check(cfg Config, later ...string) error {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if _, err := loadTLS(cfg.Node, cfg.TLS); err != nil {
+		return err
+	}
+	for _, t := range cfg.Tables {
+		if slices.Contains(later, t.Path) {
+			continue
+		}
+		m, err := ebpf.LoadPinnedMap(t.Path, nil)
+		if err != nil {
+			return fmt.Errorf("opening the map to sync %s: %w (pin it first, or fix --sync-map)", t.Path, err)
+		}
+		_, err = schemaOf(t.Name, m, t.Mode)
+		m.Close()
+		if err != nil {
+			return fmt.Errorf("--sync-map %s: %w", t.Path, err)
+		}
+	}
+	return nil
 }
 
 // New opens the pinned maps and reads the certificates; nothing runs
@@ -125,8 +156,26 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 		e.readers = append(e.readers, r)
 	}
 	e.recheck = make([][][]byte, len(e.tables))
+	for range e.tables {
+		e.changed = append(e.changed, make(chan struct{}, 1))
+	}
 	return e, nil
 }
+
+// Changed is signalled whenever peers' writes reached table's map since
+// it was last received (writes close together signal once).
+func (e *Engine) Changed(table string) (<-chan struct{}, error) {
+	ti := e.tableIndex(table)
+	if ti < 0 {
+		return nil, fmt.Errorf("no synced table %s", table)
+	}
+	return e.changed[ti], nil
+}
+
+// Bootstrapped is closed once every peer sent its state, or the bootstrap
+// timeout passed: a user-space writer publishes only then, or the peers'
+// older versions of its keys would replace what it wrote.
+func (e *Engine) Bootstrapped() <-chan struct{} { return e.bootstrapped }
 
 // Close releases the maps.
 func (e *Engine) Close() {

@@ -74,6 +74,12 @@ func (w *mapWriter) flush(e *Engine) error {
 		if err := deleteBatch(m, dels, nDel); err != nil {
 			errs = append(errs, fmt.Errorf("deleting from %s: %w", e.tables[ti].name, err))
 		}
+		if ti < len(e.changed) { // engines made by New have one per table
+			select {
+			case e.changed[ti] <- struct{}{}:
+			default:
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

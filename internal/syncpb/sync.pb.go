@@ -1447,6 +1447,150 @@ func (x *Heartbeat) GetApplied() []*OriginState {
 	return nil
 }
 
+// PodRecord is what a node says of one of its pods to the other nodes'
+// network policies: the value of socklane's pod table (sl_pod_records,
+// keyed by the pod's address), which the sync replicates like any map.
+// It travels inside an entry's value, never as a frame.
+type PodRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node the pod runs on: the one that publishes it.
+	Node      string            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Namespace string            `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string            `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Labels    map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The pod's named container ports (a policy's port by name).
+	Ports         []*PodPort `protobuf:"bytes,5,rep,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodRecord) Reset() {
+	*x = PodRecord{}
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodRecord) ProtoMessage() {}
+
+func (x *PodRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodRecord.ProtoReflect.Descriptor instead.
+func (*PodRecord) Descriptor() ([]byte, []int) {
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PodRecord) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PodRecord) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PodRecord) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PodRecord) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *PodRecord) GetPorts() []*PodPort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+// PodPort is a named container port.
+type PodPort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Port  uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// TCP or UDP.
+	Protocol      string `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodPort) Reset() {
+	*x = PodPort{}
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodPort) ProtoMessage() {}
+
+func (x *PodPort) ProtoReflect() protoreflect.Message {
+	mi := &file_socklane_sync_v1_sync_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodPort.ProtoReflect.Descriptor instead.
+func (*PodPort) Descriptor() ([]byte, []int) {
+	return file_socklane_sync_v1_sync_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PodPort) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PodPort) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *PodPort) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
 var File_socklane_sync_v1_sync_proto protoreflect.FileDescriptor
 
 const file_socklane_sync_v1_sync_proto_rawDesc = "" +
@@ -1547,7 +1691,20 @@ const file_socklane_sync_v1_sync_proto_rawDesc = "" +
 	"\x0esent_unix_nano\x18\x01 \x01(\x03R\fsentUnixNano\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x16\n" +
 	"\x06active\x18\x03 \x01(\bR\x06active\x127\n" +
-	"\aapplied\x18\x04 \x03(\v2\x1d.socklane.sync.v1.OriginStateR\aapplied*F\n" +
+	"\aapplied\x18\x04 \x03(\v2\x1d.socklane.sync.v1.OriginStateR\aapplied\"\xfe\x01\n" +
+	"\tPodRecord\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12?\n" +
+	"\x06labels\x18\x04 \x03(\v2'.socklane.sync.v1.PodRecord.LabelsEntryR\x06labels\x12/\n" +
+	"\x05ports\x18\x05 \x03(\v2\x19.socklane.sync.v1.PodPortR\x05ports\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"M\n" +
+	"\aPodPort\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol*F\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vMODE_SHARED\x10\x01\x12\x17\n" +
@@ -1568,7 +1725,7 @@ func file_socklane_sync_v1_sync_proto_rawDescGZIP() []byte {
 }
 
 var file_socklane_sync_v1_sync_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_socklane_sync_v1_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_socklane_sync_v1_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_socklane_sync_v1_sync_proto_goTypes = []any{
 	(Mode)(0),                 // 0: socklane.sync.v1.Mode
 	(ResyncRequest_Reason)(0), // 1: socklane.sync.v1.ResyncRequest.Reason
@@ -1590,6 +1747,9 @@ var file_socklane_sync_v1_sync_proto_goTypes = []any{
 	(*TableDigest)(nil),       // 17: socklane.sync.v1.TableDigest
 	(*Refusal)(nil),           // 18: socklane.sync.v1.Refusal
 	(*Heartbeat)(nil),         // 19: socklane.sync.v1.Heartbeat
+	(*PodRecord)(nil),         // 20: socklane.sync.v1.PodRecord
+	(*PodPort)(nil),           // 21: socklane.sync.v1.PodPort
+	nil,                       // 22: socklane.sync.v1.PodRecord.LabelsEntry
 }
 var file_socklane_sync_v1_sync_proto_depIdxs = []int32{
 	4,  // 0: socklane.sync.v1.ExchangeRequest.frame:type_name -> socklane.sync.v1.Frame
@@ -1618,13 +1778,15 @@ var file_socklane_sync_v1_sync_proto_depIdxs = []int32{
 	7,  // 23: socklane.sync.v1.Snapshot.applied:type_name -> socklane.sync.v1.OriginState
 	17, // 24: socklane.sync.v1.Digest.tables:type_name -> socklane.sync.v1.TableDigest
 	7,  // 25: socklane.sync.v1.Heartbeat.applied:type_name -> socklane.sync.v1.OriginState
-	2,  // 26: socklane.sync.v1.SyncService.Exchange:input_type -> socklane.sync.v1.ExchangeRequest
-	3,  // 27: socklane.sync.v1.SyncService.Exchange:output_type -> socklane.sync.v1.ExchangeResponse
-	27, // [27:28] is the sub-list for method output_type
-	26, // [26:27] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	22, // 26: socklane.sync.v1.PodRecord.labels:type_name -> socklane.sync.v1.PodRecord.LabelsEntry
+	21, // 27: socklane.sync.v1.PodRecord.ports:type_name -> socklane.sync.v1.PodPort
+	2,  // 28: socklane.sync.v1.SyncService.Exchange:input_type -> socklane.sync.v1.ExchangeRequest
+	3,  // 29: socklane.sync.v1.SyncService.Exchange:output_type -> socklane.sync.v1.ExchangeResponse
+	29, // [29:30] is the sub-list for method output_type
+	28, // [28:29] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_socklane_sync_v1_sync_proto_init() }
@@ -1648,7 +1810,7 @@ func file_socklane_sync_v1_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_socklane_sync_v1_sync_proto_rawDesc), len(file_socklane_sync_v1_sync_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   18,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

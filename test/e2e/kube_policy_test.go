@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os/exec"
 	"strings"
 	"testing"
@@ -17,27 +18,29 @@ import (
 	"github.com/socklane/socklane/internal/testutil"
 )
 
-// TestKubePolicies enforces NetworkPolicies from the real API server on
-// pods of the container runtime: a policy created, a namespace
-// relabelled and the policy deleted each change what the pods may reach,
-// with named ports resolved from the API server's pod specs.
-func TestKubePolicies(t *testing.T) {
-	api := testutil.StartAPIServer(t)
-	rt := testutil.StartContainerd(t)
-	in := testutil.NewInstance(t)
+// kubePod is a pod to run: its API object on node, labelled app=np,
+// pod=NAME and labels, with a named port serve-80-tcp; the container
+// answers whoami on ports 80 and 81 with ns/name.
+type kubePod struct {
+	ns, name, node string
+	labels         map[string]string
+}
+
+// podRef is a running kubePod.
+type podRef struct{ ns, name, uid, container, ip string }
+
+// runKubePods creates the pods' API objects, runs them in the runtime
+// and writes their addresses to the API (the kubelet's part). By ns/name.
+func runKubePods(t *testing.T, api *testutil.APIServer, rt *testutil.Runtime, pods []kubePod) map[string]*podRef {
+	t.Helper()
 	ctx := context.Background()
-	for _, ns := range []string{"x", "y"} {
-		if _, err := api.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
-			ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"ns": ns}}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	type podRef struct{ ns, name, uid, container, ip string }
 	refs := map[string]*podRef{}
-	for _, p := range []struct{ ns, name string }{{"x", "a"}, {"x", "b"}, {"y", "b"}} {
+	for _, p := range pods {
+		labels := map[string]string{"app": "np", "pod": p.name}
+		maps.Copy(labels, p.labels)
 		pod, err := api.Client.CoreV1().Pods(p.ns).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: map[string]string{"app": "np", "pod": p.name}},
-			Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Image: testutil.PeerImage,
+			ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: labels},
+			Spec: corev1.PodSpec{NodeName: p.node, Containers: []corev1.Container{{Name: "c", Image: testutil.PeerImage,
 				Ports: []corev1.ContainerPort{{Name: "serve-80-tcp", ContainerPort: 80, Protocol: corev1.ProtocolTCP}}}}},
 		}, metav1.CreateOptions{})
 		if err != nil {
@@ -54,7 +57,6 @@ func TestKubePolicies(t *testing.T) {
 			continue
 		}
 		r.ip, r.container = cp.IP, cp.Containers[0].ID
-		// The kubelet's part: the pod's address in its status.
 		pod, err := api.Client.CoreV1().Pods(r.ns).Get(ctx, r.name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -66,6 +68,46 @@ func TestKubePolicies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for key, r := range refs {
+		if r.ip == "" {
+			t.Fatalf("pod %s: not in the runtime", key)
+		}
+	}
+	return refs
+}
+
+// reachFromPod runs `socklane peer reach` in a pod's container and returns its
+// result ("ok", "timeout", an errno name).
+func reachFromPod(t *testing.T, rt *testutil.Runtime, from *podRef, target string) string {
+	t.Helper()
+	out, err := rt.Exec(from.container, 30*time.Second, "/socklane", "peer", "reach", "--timeout", "2s", target)
+	if err != nil {
+		t.Fatalf("reach from %s/%s: %v: %s", from.ns, from.name, err, out)
+	}
+	var res []peer.Reach
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 1 {
+		t.Fatalf("reach from %s/%s: %q: %v", from.ns, from.name, out, err)
+	}
+	return res[0].Result
+}
+
+// TestKubePolicies enforces NetworkPolicies from the real API server on
+// pods of the container runtime: a policy created, a namespace
+// relabelled and the policy deleted each change what the pods may reach,
+// with named ports resolved from the API server's pod specs.
+func TestKubePolicies(t *testing.T) {
+	api := testutil.StartAPIServer(t)
+	rt := testutil.StartContainerd(t)
+	in := testutil.NewInstance(t)
+	ctx := context.Background()
+	for _, ns := range []string{"x", "y"} {
+		if _, err := api.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
+			ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"ns": ns}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refs := runKubePods(t, api, rt, []kubePod{
+		{ns: "x", name: "a", node: "node-1"}, {ns: "x", name: "b", node: "node-1"}, {ns: "y", name: "b", node: "node-1"}})
 	var logs lockedBuffer
 	agent := exec.Command(in.Bin, "--name", in.Name, "agent", "--kube-pod-selector", "app=np", "--node-name", "node-1",
 		"--cri-socket", rt.Socket, "--pod-interval", "200ms", "--kube-policies", "--kubeconfig", api.Kubeconfig, "--metrics-address", "")
@@ -76,15 +118,7 @@ func TestKubePolicies(t *testing.T) {
 	t.Cleanup(func() { _ = agent.Process.Kill(); _ = agent.Wait() })
 	probe := func(from string, port string) string {
 		t.Helper()
-		out, err := rt.Exec(refs[from].container, 30*time.Second, "/socklane", "peer", "reach", "--timeout", "2s", refs["x/a"].ip+":"+port+"/tcp")
-		if err != nil {
-			t.Fatalf("reach from %s: %v: %s", from, err, out)
-		}
-		var res []peer.Reach
-		if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 1 {
-			t.Fatalf("reach from %s: %q: %v", from, out, err)
-		}
-		return res[0].Result
+		return reachFromPod(t, rt, refs[from], refs["x/a"].ip+":"+port+"/tcp")
 	}
 	enforced := func(want string) {
 		t.Helper()

@@ -192,10 +192,10 @@ func TestDeploy(t *testing.T) {
 			checkMetricsExposure(t, "deploy/kubernetes/socklane.yaml", ds, false)
 		}
 	}
-	syncSet := map[string]any{"enabled": true, "port": 7400, "certSecret": "socklane-sync", "lease": "lb-pair",
+	syncSet := map[string]any{"enabled": true, "port": 7400, "certSecret": "socklane-sync", "lease": "lb-pair", "pods": true,
 		"maps": []any{"/sys/fs/bpf/lb/conntrack,changes=/sys/fs/bpf/lb,mode=active-standby"}}
 	portsSet := map[string]any{"workloads": []any{map[string]any{"name": "ci-a", "selector": "app=ci", "ports": []any{map[string]any{"port": 3000}}, "pool": "20000-20099"}}}
-	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}, {"sync": syncSet}, {"ports": portsSet}} {
+	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}, {"sync": syncSet}, {"kubePodSelector": "app=web", "kubePolicies": true, "sync": syncSet}, {"ports": portsSet}} {
 		chart := renderChart(t, filepath.Join(root, "helm", "socklane"), "sl", "kube-system", set)
 		objs := dryRun(t, api.Client, chart)
 		var args []string
@@ -218,6 +218,10 @@ func TestDeploy(t *testing.T) {
 			if _, err := ports.Parse([]byte(cm.Data["ports.yaml"])); err != nil || set["ports"] == nil {
 				t.Errorf("chart with %v: ConfigMap %s: %v\n%s", set, cm.Name, err, cm.Data["ports.yaml"])
 			}
+		}
+		// The pods go through the sync only where policies need them.
+		if strings.Contains(joined, "--sync-pods") != (set["sync"] != nil && set["kubePolicies"] == true) {
+			t.Errorf("chart with %v: agent args %v", set, args)
 		}
 		if set["sync"] != nil {
 			for _, want := range []string{"--sync-listen=$(NODE_IP):7400", "--sync-peers-from=kube-system/app.kubernetes.io/name=socklane,app.kubernetes.io/instance=sl",

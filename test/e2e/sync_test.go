@@ -459,6 +459,11 @@ func TestSyncBadInput(t *testing.T) {
 			"--sync-cert", filepath.Join(other, "node-z.pem"), "--sync-key", filepath.Join(other, "node-z-key.pem")), "not this node node-a"},
 		{"peer given twice", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg, "--sync-peer", "node-b=127.0.0.1:1", "--sync-peer", "node-b=127.0.0.1:2"}, certs...)...), "given twice"},
 		{"lease without active-standby", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg, "--sync-lease", "default/pair"}, certs...)...), "no --sync-map has mode=active-standby"},
+		{"pods without listen", base("--sync-pods"), "need --sync-listen"},
+		{"pods without policies", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-pods"}, certs...)...), "it needs --kube-policies"},
+		{"pods, bad certificate", base("--sync-listen", "127.0.0.1:0", "--sync-pods", "--kube-policies", "--kube-pod-selector", "app=x",
+			"--kubeconfig", "/nonexistent", "--sync-ca", filepath.Join(other, "ca.pem"),
+			"--sync-cert", filepath.Join(other, "node-z.pem"), "--sync-key", filepath.Join(other, "node-z-key.pem")), "not this node node-a"},
 		{"both peer sources", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg, "--sync-peer", "node-b=127.0.0.1:1", "--sync-peers-from", "ns/app=x"}, certs...)...), "give the peers one way"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
