@@ -88,7 +88,7 @@ echo "-test.short" > "$root/tests/datapath.args"
 # The state sync's programs on each kernel: the batched lookup against
 # each map type, the change records (staged per CPU) and the churn writer (syscall
 # programs, bpf_loop, an mmapable array), three nodes converging.
-echo "-test.run=^(TestBatchReader|TestApplyLastVersionWins|TestConverge|TestStagedWriteReplicates)\$" > "$root/tests/statesync.args"
+echo "-test.run=^(TestBatchReader|TestApplyLastVersionWins|TestConverge|TestStagedWriteReplicates|TestTracer|TestTraceCapture)\$" > "$root/tests/statesync.args"
 
 # Userland: busybox, and the host's own ip, ss, nft, iptables, nsenter,
 # unshare, setpriv and sysctl with the libraries they load (glibc runs on
@@ -130,7 +130,8 @@ echo "nameserver 127.0.0.1" > "$root/etc/resolv.conf"
 
 cat > "$root/init" <<'INIT'
 #!/bin/sh
-export PATH=/usr/bin:/bin:/sbin CI=true HOME=/tmp SOCKLANE_TEST_BINARY=/usr/bin/socklane
+# The guests (Debian's kernels) trace functions: the sync's tracer must load there.
+export PATH=/usr/bin:/bin:/sbin CI=true HOME=/tmp SOCKLANE_TEST_BINARY=/usr/bin/socklane SOCKLANE_WANT_TRACING=1
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev

@@ -39,7 +39,7 @@ func (f *syncFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.listen, "sync-listen", "", "replicate eBPF maps with other nodes: listen for peers here (HOST:PORT); needs --node-name, --sync-map, --sync-ca, --sync-cert and --sync-key")
 	fl.StringArrayVar(&f.peers, "sync-peer", nil, "a peer node: NAME=HOST:PORT (repeatable; NAME is the node name in its certificate)")
 	fl.StringVar(&f.peersFrom, "sync-peers-from", "", "find the peers through the API server instead: NAMESPACE/SELECTOR of the agents' pods (a DaemonSet's), each running pod a peer named by its node, at its pod address and the --sync-listen port")
-	fl.StringArrayVar(&f.maps, "sync-map", nil, "a pinned map to replicate: PATH[,name=NAME][,mode=shared|active-standby][,poll=1s][,changes=DIR][,record=N] (repeatable; every node lists the same maps in the same order; changes= names the bpffs directory of the writers' change records, sl_sync.h)")
+	fl.StringArrayVar(&f.maps, "sync-map", nil, "a pinned map to replicate: PATH[,name=NAME][,mode=shared|active-standby][,poll=1s][,changes=DIR][,record=N][,trace=on|off] (repeatable; every node lists the same maps in the same order; changes= names the bpffs directory of the writers' change records, sl_sync.h; without it the kernel's map updates are traced where the kernel allows (fexit; trace=off: never), else the map is read every poll)")
 	fl.StringVar(&f.ca, "sync-ca", "", "CA certificate (PEM) that signs every node's sync certificate (socklane sync certs makes one)")
 	fl.StringVar(&f.cert, "sync-cert", "", "this node's sync certificate (PEM), naming --node-name; read again at every handshake")
 	fl.StringVar(&f.key, "sync-key", "", "the key of --sync-cert (PEM)")
@@ -89,9 +89,10 @@ func (f *syncFlags) config(node, pinDir string) (*statesync.Config, *statesync.L
 	}
 	if f.pods {
 		// Written by the agent only, each write published as it is made:
-		// the map is read again only as a check.
+		// the map is read again only as a check, never traced (a tracer
+		// would cost every hash map write on the node).
 		c.Tables = append(c.Tables, statesync.TableConfig{Name: datapath.PodTableName, Path: datapath.PodTablePin(pinDir),
-			Mode: syncpb.Mode_MODE_SHARED, Poll: podTablePoll})
+			Mode: syncpb.Mode_MODE_SHARED, Poll: podTablePoll, NoTrace: true})
 	}
 	if f.digest <= 0 || f.bootstrap <= 0 || f.takeoverTimeout <= 0 {
 		return nil, nil, fmt.Errorf("--sync-digest-interval, --sync-bootstrap-timeout and --sync-takeover-timeout must be positive")
@@ -212,9 +213,13 @@ func printSyncStatus(cmd *cobra.Command, st statesync.Status) {
 		}
 		fmt.Fprintf(w, "%s\t%v\t%d\t%d\t%.3fs\t%s\t%s\t%s\n", p.Name, p.Connected, p.Acked, p.Behind, p.LagSeconds, resync, digest, p.Err)
 	}
-	fmt.Fprintln(w, "TABLE\tMODE\tENTRIES\tTOMBSTONES\tPUBLISHING")
+	fmt.Fprintln(w, "TABLE\tMODE\tENTRIES\tTOMBSTONES\tPUBLISHING\tCAPTURE")
 	for _, t := range st.Tables {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\n", t.Name, t.Mode, t.Entries, t.Tombstones, t.Publishing)
+		capture := t.Capture
+		if t.Capture == statesync.CapturePoll && t.CaptureWhy != "" {
+			capture += " (not traced: " + t.CaptureWhy + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\t%s\n", t.Name, t.Mode, t.Entries, t.Tombstones, t.Publishing, capture)
 	}
 	c := st.Counters
 	fmt.Fprintf(w, "published %d, sent %d, applied %d, stale %d, resent %d, dropped %d, snapshots sent %d applied %d, resyncs %d, refused %d, diverged %d, lost records %d, map reads %d\n",

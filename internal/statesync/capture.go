@@ -92,13 +92,32 @@ func (e *Engine) capture(ctx context.Context, ti int) {
 	case <-e.bootstrapped:
 	}
 	tc := e.cfg.Tables[ti]
-	if tc.Changes != "" {
+	switch {
+	case tc.Changes != "":
+		e.setCapture(ti, CaptureRecords)
 		err := e.follow(ctx, ti, tc)
 		if ctx.Err() != nil {
 			return
 		}
 		e.log.Error("sync: change records unreadable, reading the map instead", "table", tc.Name, "err", err)
+	case !tc.NoTrace:
+		tr, err := newTracer(e.maps[ti], tc.Record)
+		if err != nil {
+			e.log.Info("sync: capturing by reading the map every poll interval: the kernel's map updates cannot be traced here",
+				"table", tc.Name, "poll", tc.Poll, "reason", err)
+			e.setCaptureWhy(ti, err.Error())
+			break
+		}
+		e.setCapture(ti, CaptureTrace)
+		e.log.Info("sync: capturing by tracing the kernel's map updates", "table", tc.Name)
+		err = e.followRecords(ctx, ti, tc, tr.source())
+		tr.close()
+		if ctx.Err() != nil {
+			return
+		}
+		e.log.Error("sync: traced map updates unreadable, reading the map instead", "table", tc.Name, "err", err)
 	}
+	e.setCapture(ti, CapturePoll)
 	tick := time.NewTicker(tc.Poll)
 	defer tick.Stop()
 	for {
@@ -199,8 +218,17 @@ func (e *Engine) rescan(ti int) error {
 	return w.flush(e)
 }
 
-// follow reads change records until ctx ends; it returns an error when
-// the ring buffer cannot be used.
+// recordSource is where a table's change records come from: the ring,
+// the loss counter and the stages (nil: none) of its writers, or of the
+// tracer.
+type recordSource struct {
+	ring, lost *ebpf.Map
+	stages     *stageReader
+	what       string // for errors
+}
+
+// follow reads the change records the writers pinned in tc.Changes
+// until ctx ends; it returns an error when they cannot be used.
 func (e *Engine) follow(ctx context.Context, ti int, tc TableConfig) error {
 	pins, err := changePins(tc.Changes)
 	if err != nil {
@@ -221,9 +249,16 @@ func (e *Engine) follow(ctx context.Context, ti int, tc TableConfig) error {
 		return err
 	}
 	defer stages.close()
-	rd, err := ringbuf.NewReader(ringMap)
+	return e.followRecords(ctx, ti, tc, recordSource{ring: ringMap, lost: lostMap, stages: stages, what: pins.ring})
+}
+
+// followRecords reads change records from src until ctx ends; it
+// returns an error when they cannot be used.
+func (e *Engine) followRecords(ctx context.Context, ti int, tc TableConfig, src recordSource) error {
+	lostMap, stages := src.lost, src.stages
+	rd, err := ringbuf.NewReader(src.ring)
 	if err != nil {
-		return fmt.Errorf("reading %s: %w", pins.ring, err)
+		return fmt.Errorf("reading %s: %w", src.what, err)
 	}
 	go func() {
 		<-ctx.Done()

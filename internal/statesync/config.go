@@ -92,6 +92,10 @@ type TableConfig struct {
 	// Record is the table number the writing programs put in their
 	// records for this map.
 	Record uint32
+	// NoTrace: without Changes, read the map every Poll even where the
+	// kernel's map updates can be traced (the tracer costs every write
+	// of every map of the type on the node a trampoline).
+	NoTrace bool
 }
 
 var nodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
@@ -108,12 +112,12 @@ func ParsePeer(s string) (Peer, error) {
 	return Peer{Name: name, Address: addr}, nil
 }
 
-// ParseTable reads PATH[,name=NAME][,mode=shared|active-standby][,poll=DURATION][,changes=DIR][,record=N].
+// ParseTable reads PATH[,name=NAME][,mode=shared|active-standby][,poll=DURATION][,changes=DIR][,record=N][,trace=on|off].
 func ParseTable(s string) (TableConfig, error) {
 	parts := strings.Split(s, ",")
 	t := TableConfig{Path: parts[0], Mode: syncpb.Mode_MODE_SHARED}
 	fail := func(why string) (TableConfig, error) {
-		return TableConfig{}, fmt.Errorf("--sync-map %q: %s (want PATH[,name=NAME][,mode=shared|active-standby][,poll=1s][,changes=DIR][,record=N])", s, why)
+		return TableConfig{}, fmt.Errorf("--sync-map %q: %s (want PATH[,name=NAME][,mode=shared|active-standby][,poll=1s][,changes=DIR][,record=N][,trace=on|off])", s, why)
 	}
 	if !strings.HasPrefix(t.Path, "/") {
 		return fail("the pinned map's path must be absolute")
@@ -143,6 +147,15 @@ func ParseTable(s string) (TableConfig, error) {
 			t.Poll = d
 		case "changes":
 			t.Changes = v
+		case "trace":
+			switch v {
+			case "on":
+				t.NoTrace = false
+			case "off":
+				t.NoTrace = true
+			default:
+				return fail("trace " + v + " is neither on nor off")
+			}
 		case "record":
 			n, err := strconv.ParseUint(v, 10, 32)
 			if err != nil {

@@ -38,6 +38,32 @@ type TableStatus struct {
 	Entries    int    `json:"entries"`
 	Tombstones int    `json:"tombstones"`
 	Publishing bool   `json:"publishing"`
+	// Capture is how writes to the map are found: change records of its
+	// writers, traced map updates, or reading the map every poll
+	// interval (CaptureWhy says why not traced).
+	Capture    string `json:"capture,omitempty"`
+	CaptureWhy string `json:"capture_why,omitempty"`
+}
+
+// How a table's writes are captured.
+const (
+	CaptureRecords = "records"
+	CaptureTrace   = "trace"
+	CapturePoll    = "poll"
+)
+
+// setCapture says how table ti's writes are captured now.
+func (e *Engine) setCapture(ti int, how string) {
+	e.mu.Lock()
+	e.tables[ti].capture = how
+	e.mu.Unlock()
+}
+
+// setCaptureWhy says why table ti's writes are not traced.
+func (e *Engine) setCaptureWhy(ti int, why string) {
+	e.mu.Lock()
+	e.tables[ti].captureWhy = why
+	e.mu.Unlock()
 }
 
 // Counters are the totals since start.
@@ -121,7 +147,8 @@ func (e *Engine) Status() Status {
 		st.Peers = append(st.Peers, *e.peerStatusLocked(p.Name))
 	}
 	for ti, t := range e.tables {
-		ts := TableStatus{Name: t.name, Mode: modeName(t.schema.GetMode()), Publishing: e.publishes(ti), Entries: t.nLive, Tombstones: t.nDead}
+		ts := TableStatus{Name: t.name, Mode: modeName(t.schema.GetMode()), Publishing: e.publishes(ti), Entries: t.nLive, Tombstones: t.nDead,
+			Capture: t.capture, CaptureWhy: t.captureWhy}
 		st.Tables = append(st.Tables, ts)
 	}
 	s := &e.stats

@@ -87,6 +87,8 @@ type table struct {
 	epoch uint64
 	// nLive and nDead count entries and tombstones.
 	nLive, nDead int
+	// capture and captureWhy are TableStatus's.
+	capture, captureWhy string
 }
 
 // writerState is what a table holds of one writer's versions.
