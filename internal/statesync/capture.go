@@ -417,18 +417,20 @@ func (e *Engine) publishKeys(ti int, keys [][]byte) error {
 	}
 	n := 0
 	for i, k := range keys {
-		c := change{key: k, value: vals[i]}
-		if !t.differs(c.key, c.value) {
+		// One lookup of the key serves the compare, the epoch check
+		// and the replacement.
+		cur := t.entries[string(k)]
+		if !differsFrom(cur, vals[i]) {
 			continue
 		}
-		if en := t.entries[string(c.key)]; en != nil && en.epoch == epoch {
+		if cur != nil && cur.epoch == epoch {
 			// A peer's version came in between the read and now: the
 			// map may hold it, or a local write made after it. Read
 			// the key again once nothing intervenes.
-			e.recheck[ti] = append(e.recheck[ti], c.key)
+			e.recheck[ti] = append(e.recheck[ti], k)
 			continue
 		}
-		e.record(ti, string(c.key), c.value, c.value == nil, now)
+		e.recordOver(ti, string(k), vals[i], vals[i] == nil, now, cur)
 		n++
 	}
 	if n > 0 {

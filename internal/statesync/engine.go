@@ -200,12 +200,19 @@ func (e *Engine) publishes(ti int) bool {
 // record makes a local write a change: a new version of the key,
 // appended to the log. e.mu held.
 func (e *Engine) record(ti int, key string, value []byte, deleted bool, captured int64) {
+	e.recordOver(ti, key, value, deleted, captured, e.tables[ti].entries[key])
+}
+
+// recordOver is record where the caller has the entry the table holds
+// for key (nil: none): a local write is the newest version, so it
+// replaces that entry without a second lookup. e.mu held.
+func (e *Engine) recordOver(ti int, key string, value []byte, deleted bool, captured int64, cur *entry) {
 	e.clock++
 	en := &entry{value: value, deleted: deleted, ver: version{gen: e.clock, writer: e.origin}, captured: captured}
 	if deleted {
 		en.value, en.died = nil, time.Now().UnixNano()
 	}
-	e.tables[ti].merge(key, en)
+	e.tables[ti].install(key, en, cur)
 	e.rlog.append(logged{table: uint32(ti), key: key, en: en})
 	e.stats.published.Add(1)
 }

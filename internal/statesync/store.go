@@ -180,13 +180,19 @@ func (t *table) merge(key string, e *entry) (*entry, bool) {
 	if cur != nil && !e.ver.newer(cur.ver) {
 		return cur, false
 	}
+	t.install(key, e, cur)
+	return cur, true
+}
+
+// install puts e for key in place of cur, what the table holds for it
+// (nil: nothing).
+func (t *table) install(key string, e, cur *entry) {
 	if !e.deleted {
 		e.sum = entryHash(key, e.value, e.ver)
 	}
 	t.account(cur, -1)
 	t.entries[key] = e
 	t.account(e, +1)
-	return cur, true
 }
 
 // remove forgets a key altogether.
@@ -195,21 +201,18 @@ func (t *table) remove(key string) {
 	delete(t.entries, key)
 }
 
-// live is the value a key holds, if any.
-func (t *table) live(key []byte) ([]byte, bool) {
-	e := t.entries[string(key)]
-	if e == nil || e.deleted {
-		return nil, false
-	}
-	return e.value, true
-}
-
 // differs reports whether the map's value for a key (nil: absent) is not
 // what the table holds.
 func (t *table) differs(key, value []byte) bool {
-	cur, ok := t.live(key)
+	return differsFrom(t.entries[string(key)], value)
+}
+
+// differsFrom reports whether value (nil: absent) is not what entry cur
+// (nil: none) holds.
+func differsFrom(cur *entry, value []byte) bool {
+	live := cur != nil && !cur.deleted
 	if value == nil {
-		return ok
+		return live
 	}
-	return !ok || !bytes.Equal(cur, value)
+	return !live || !bytes.Equal(cur.value, value)
 }
