@@ -29,6 +29,17 @@ type kubePod struct {
 // podRef is a running kubePod.
 type podRef struct{ ns, name, uid, container, ip string }
 
+// labelledNamespaces creates namespaces labelled ns=NAME.
+func labelledNamespaces(t *testing.T, api *testutil.APIServer, names ...string) {
+	t.Helper()
+	for _, ns := range names {
+		if _, err := api.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
+			ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"ns": ns}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // runKubePods creates the pods' API objects, runs them in the runtime
 // and writes their addresses to the API (the kubelet's part). By ns/name.
 func runKubePods(t *testing.T, api *testutil.APIServer, rt *testutil.Runtime, pods []kubePod) map[string]*podRef {
@@ -100,12 +111,7 @@ func TestKubePolicies(t *testing.T) {
 	rt := testutil.StartContainerd(t)
 	in := testutil.NewInstance(t)
 	ctx := context.Background()
-	for _, ns := range []string{"x", "y"} {
-		if _, err := api.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
-			ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"ns": ns}}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	labelledNamespaces(t, api, "x", "y")
 	refs := runKubePods(t, api, rt, []kubePod{
 		{ns: "x", name: "a", node: "node-1"}, {ns: "x", name: "b", node: "node-1"}, {ns: "y", name: "b", node: "node-1"}})
 	var logs lockedBuffer

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -34,12 +33,7 @@ func TestSyncPodIdentities(t *testing.T) {
 	api := testutil.StartAPIServer(t)
 	rt := testutil.StartContainerd(t)
 	ctx := context.Background()
-	for _, ns := range []string{"x", "y"} {
-		if _, err := api.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
-			ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"ns": ns}}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	labelledNamespaces(t, api, "x", "y")
 	client := map[string]string{"role": "client"}
 	refs := runKubePods(t, api, rt, []kubePod{
 		{ns: "x", name: "a", node: "node-1"},
