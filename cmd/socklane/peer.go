@@ -145,13 +145,14 @@ func newPeerCmd() *cobra.Command {
 	})
 	var network, label, mode string
 	var whoamiPorts string
+	var whoamiDelay time.Duration
 	whoami := &cobra.Command{
 		Use:  "whoami ADDR",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if whoamiPorts == "" {
-				return peer.Whoami(ctx, network, args[0], label)
+				return peer.WhoamiAfter(ctx, network, args[0], label, whoamiDelay)
 			}
 			ps, err := peer.ParsePorts(whoamiPorts)
 			if err != nil {
@@ -159,7 +160,9 @@ func newPeerCmd() *cobra.Command {
 			}
 			errs := make(chan error, len(ps))
 			for _, p := range ps {
-				go func() { errs <- peer.Whoami(ctx, network, net.JoinHostPort(args[0], strconv.Itoa(int(p))), label) }()
+				go func() {
+					errs <- peer.WhoamiAfter(ctx, network, net.JoinHostPort(args[0], strconv.Itoa(int(p))), label, whoamiDelay)
+				}()
 			}
 			return <-errs
 		},
@@ -167,6 +170,7 @@ func newPeerCmd() *cobra.Command {
 	whoami.Flags().StringVar(&network, "network", "tcp", "tcp or udp")
 	whoami.Flags().StringVar(&label, "label", "", "what to answer")
 	whoami.Flags().StringVar(&whoamiPorts, "ports", "", "serve on each of these ports (A-B); ADDR is then a host alone")
+	whoami.Flags().DurationVar(&whoamiDelay, "delay", 0, "answer each UDP datagram this long after it came")
 	var fanoutRounds int
 	var fanoutBurst bool
 	fanout := &cobra.Command{
@@ -286,6 +290,7 @@ func newPeerCmd() *cobra.Command {
 	}
 	reach.Flags().DurationVar(&reachTimeout, "timeout", 2*time.Second, "give each probe this long")
 	reach.Flags().StringVar(&reachBind, "bind", "", "send from this local address")
+	cmd.AddCommand(newUDPFloodCmd())
 	cmd.AddCommand(reach, server, client, echo, sink, pingpong, stream, connects, whoami, bindshow, bindloop, probe, hold, request, pause,
 		newPlantCmd(), newVictimCmd(), newFastOpenCmd(), newOpenCmd(), newListenCmd(), fanout)
 	return cmd
@@ -312,6 +317,36 @@ func newListenCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&ports, "ports", "", "ports, A or A-B")
+	return c
+}
+
+func newUDPFloodCmd() *cobra.Command {
+	var ports string
+	var count int
+	c := &cobra.Command{
+		Use:   "udpflood --ports A-B --count N IP...",
+		Short: "Send N one-byte datagrams from one unconnected UDP socket, each to another address and port",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var ips []netip.Addr
+			for _, a := range args {
+				ip, err := netip.ParseAddr(a)
+				if err != nil {
+					return fmt.Errorf("IP %q: %w", a, err)
+				}
+				ips = append(ips, ip)
+			}
+			ps, err := peer.ParsePorts(ports)
+			if err != nil {
+				return err
+			}
+			n, err := peer.UDPFlood(cmd.Context(), ips, ps, count)
+			fmt.Fprintln(cmd.OutOrStdout(), n)
+			return err
+		},
+	}
+	c.Flags().StringVar(&ports, "ports", "", "destination ports, A or A-B")
+	c.Flags().IntVar(&count, "count", 100000, "datagrams")
 	return c
 }
 

@@ -217,7 +217,8 @@ const (
 	servicelbSlPolLimitsSL_POL_MAX_CGROUPS  servicelbSlPolLimits = 16384
 	servicelbSlPolLimitsSL_POL_MAX_POLICIES servicelbSlPolLimits = 65536
 	servicelbSlPolLimitsSL_POL_MAX_FLOWS    servicelbSlPolLimits = 65536
-	servicelbSlPolLimitsSL_POL_MAX_REPLIES  servicelbSlPolLimits = 65536
+	servicelbSlPolLimitsSL_POL_SOCK_REPLIES servicelbSlPolLimits = 64
+	servicelbSlPolLimitsSL_POL_REPLY_PROBES servicelbSlPolLimits = 4
 	servicelbSlPolLimitsSL_POL_CGROUP_DEPTH servicelbSlPolLimits = 16
 )
 

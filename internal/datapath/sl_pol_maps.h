@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* socklane: maps of the network policy, filled by the agent only (UDP
- * flow and reply caches aside: LRU, so that a pod filling them only costs
- * others a fresh evaluation). */
+/* socklane: maps of the network policy, filled by the agent only (the UDP
+ * flow cache aside: an LRU, so that a pod filling it only costs others a
+ * fresh evaluation; and each UDP socket's exchanges, in its own storage). */
 #ifndef SL_POL_MAPS_H
 #define SL_POL_MAPS_H
 
@@ -54,11 +54,13 @@ struct {
 	__type(value, struct sl_pol_flow);
 } sl_pol_flows SEC(".maps");
 
+/* Each unconnected UDP socket's exchanges, in its own storage: bounded
+ * per socket, so no pod can push out another's. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, SL_POL_MAX_REPLIES);
-	__type(key, struct sl_pol_reply_key);
-	__type(value, __u64);
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sl_pol_replies);
 } sl_pol_replies SEC(".maps");
 
 struct {

@@ -17,7 +17,8 @@ enum sl_pol_limits {
 	SL_POL_MAX_CGROUPS = 16384,   /* local endpoint cgroups, both banks */
 	SL_POL_MAX_POLICIES = 65536,  /* policy ids (counters) */
 	SL_POL_MAX_FLOWS = 65536,     /* cached verdicts of UDP flows */
-	SL_POL_MAX_REPLIES = 65536,   /* unconnected UDP sends whose replies are let in */
+	SL_POL_SOCK_REPLIES = 64,     /* exchanges an unconnected UDP socket keeps (a power of two) */
+	SL_POL_REPLY_PROBES = 4,      /* slots a peer may take in its socket's table */
 	SL_POL_CGROUP_DEPTH = 16,     /* ancestor levels searched for a pod's cgroup */
 };
 
@@ -128,13 +129,20 @@ struct sl_pol_flow {
 	__u32 pad;
 };
 
-/* An unconnected UDP socket's send: replies from there are let in. */
-struct sl_pol_reply_key {
-	__u64 cookie;
+/* An unconnected UDP socket's exchanges (sl_pol_replies, the socket's own
+ * storage): the peers it sent to, or let a datagram in from, under a
+ * policy generation; answers from there are part of a flow already
+ * judged. A small open-addressed table per socket: a socket that talks to
+ * more peers pushes out its own older exchanges, never another socket's. */
+struct sl_pol_reply_peer {
 	__u32 ip[4];
 	__u16 port;
 	__u16 pad;
-	__u32 pad2;
+	__u32 generation;             /* the low 32 bits of sl_pol_live.generation (0: empty) */
+};
+
+struct sl_pol_replies {
+	struct sl_pol_reply_peer peers[SL_POL_SOCK_REPLIES];
 };
 
 /* The pod table: what this node says of its pods to the other nodes'

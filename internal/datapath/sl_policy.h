@@ -176,28 +176,64 @@ static __always_inline void pol_event(void *ctx, const struct sl_pol_verdict *v,
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* An unconnected UDP socket's exchange with a peer, under the live
- * policy: answers either way are part of a flow already judged. */
-static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, __u64 cookie, const __u32 *ip, __u16 port)
+/* The slot of a peer in its socket's exchange table, probe i. */
+static __always_inline __u32 pol_reply_slot(const __u32 *ip, __u16 port, __u32 i)
 {
-	struct sl_pol_reply_key rk = {.cookie = cookie, .port = port};
-	rk.ip[0] = ip[0];
-	rk.ip[1] = ip[1];
-	rk.ip[2] = ip[2];
-	rk.ip[3] = ip[3];
-	__u64 gen = ctl->generation;
-	bpf_map_update_elem(&sl_pol_replies, &rk, &gen, BPF_ANY);
+	__u32 h = (ip[0] ^ ip[1] ^ ip[2] ^ ip[3] ^ port) * 0x9e3779b1;
+	return ((h >> 16) + i) & (SL_POL_SOCK_REPLIES - 1);
 }
 
-static __always_inline int pol_is_reply(struct sl_pol_live *ctl, __u64 cookie, const __u32 *ip, __u16 port)
+static __always_inline int pol_reply_is(const struct sl_pol_reply_peer *p, const __u32 *ip, __u16 port, __u32 gen)
 {
-	struct sl_pol_reply_key rk = {.cookie = cookie, .port = port};
-	rk.ip[0] = ip[0];
-	rk.ip[1] = ip[1];
-	rk.ip[2] = ip[2];
-	rk.ip[3] = ip[3];
-	__u64 *gen = bpf_map_lookup_elem(&sl_pol_replies, &rk);
-	return gen && *gen == ctl->generation;
+	return p->generation == gen && p->port == port && p->ip[0] == ip[0] && p->ip[1] == ip[1] &&
+	       p->ip[2] == ip[2] && p->ip[3] == ip[3];
+}
+
+/* An unconnected UDP socket's exchange with a peer, under the live
+ * policy: answers either way are part of a flow already judged. Kept in
+ * the socket's own storage; a full probe window gives its first slot to
+ * the newest exchange. */
+static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
+{
+	if (!sk)
+		return;
+	struct sl_pol_replies *r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!r)
+		return;
+	__u32 gen = (__u32)ctl->generation;
+	__u32 slot = pol_reply_slot(ip, port, 0);
+	for (__u32 i = 0; i < SL_POL_REPLY_PROBES; i++) {
+		__u32 s = pol_reply_slot(ip, port, i);
+		struct sl_pol_reply_peer *p = &r->peers[s];
+		if (pol_reply_is(p, ip, port, gen))
+			return;
+		if (p->generation != gen) {
+			slot = s;
+			break;
+		}
+	}
+	struct sl_pol_reply_peer *p = &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)];
+	p->ip[0] = ip[0];
+	p->ip[1] = ip[1];
+	p->ip[2] = ip[2];
+	p->ip[3] = ip[3];
+	p->port = port;
+	p->generation = gen;
+}
+
+static __always_inline int pol_is_reply(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
+{
+	if (!sk)
+		return 0;
+	struct sl_pol_replies *r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, 0);
+	if (!r)
+		return 0;
+	__u32 gen = (__u32)ctl->generation;
+	for (__u32 i = 0; i < SL_POL_REPLY_PROBES; i++) {
+		if (pol_reply_is(&r->peers[pol_reply_slot(ip, port, i)], ip, port, gen))
+			return 1;
+	}
+	return 0;
 }
 
 /* The connecting (or sending) process's flow to dst: 0 to go on, -1 if
@@ -210,10 +246,8 @@ static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const str
 	if (!ctl || pol_loopback(dst->ip))
 		return 0;
 	__u32 bank = ctl->bank;
-	__u64 cookie = 0;
 	if (unconnected) {
-		cookie = bpf_get_socket_cookie(ctx);
-		if (pol_is_reply(ctl, cookie, dst->ip, dst->port)) {
+		if (pol_is_reply(ctl, sk, dst->ip, dst->port)) {
 			lb_count(SL_LB_POL_REPLIES);
 			return 0;
 		}
@@ -226,7 +260,7 @@ static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const str
 	if (pol_judge(bank, self, self_class, self->identity, peer, peer ? peer->class : SL_POL_CLASS_WORLD, proto, dst->port, v))
 		return -1;
 	if (unconnected && (self->flags & SL_POL_ISOLATED_INGRESS))
-		pol_allow_replies(ctl, cookie, dst->ip, dst->port);
+		pol_allow_replies(ctl, sk, dst->ip, dst->port);
 	return 0;
 }
 

@@ -17,6 +17,12 @@ import (
 // then keeps open until the client closes it; over UDP, in reply to each
 // datagram (from the address it came to).
 func Whoami(ctx context.Context, network, addr, label string) error {
+	return WhoamiAfter(ctx, network, addr, label, 0)
+}
+
+// WhoamiAfter is Whoami answering each UDP datagram delay after it came
+// (an exchange that stays open for a while).
+func WhoamiAfter(ctx context.Context, network, addr, label string, delay time.Duration) error {
 	switch network {
 	case "tcp":
 		ln, err := net.Listen("tcp", addr)
@@ -49,7 +55,11 @@ func Whoami(ctx context.Context, network, addr, label string) error {
 				// client knows which of its sends this answers.
 				reply = append(append(reply, ' '), buf[:n]...)
 			}
-			_, _ = pc.WriteTo(reply, from)
+			if delay == 0 {
+				_, _ = pc.WriteTo(reply, from)
+				continue
+			}
+			time.AfterFunc(delay, func() { _, _ = pc.WriteTo(reply, from) })
 		}
 	}
 	return fmt.Errorf("network %q: want tcp or udp", network)

@@ -527,3 +527,48 @@ func TestPolicySpoofedSource(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyReplyFlood: a pod's unconnected UDP exchange keeps its answer
+// while another pod makes 150,000 exchanges of its own. x/a and z/c are
+// isolated for ingress and let nothing in, so only answers to what they
+// sent pass; y/b answers x/a three seconds late, and meanwhile z/c sends
+// to 150,000 (address, port) pairs from one socket. Each socket keeps its
+// own exchanges: z/c can only push out its own (a table shared by the
+// node's sockets would have lost x/a's).
+func TestPolicyReplyFlood(t *testing.T) {
+	pb := newPolicyBed(t)
+	pb.apply(t, pb.file(t, `
+  - metadata: {name: closed, namespace: x}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
+  - metadata: {name: closed, namespace: z}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
+`))
+	xa, yb, zc := pb.pod("x/a"), pb.pod("y/b"), pb.pod("z/c")
+	start(t, yb, pb.in.Bin, "peer", "whoami", "[::]:90", "--network", "udp", "--delay", "3s", "--label", "late")
+	waitUDPPort(t, yb, "[::]:90")
+	before := lbCountersOf(t, pb.in)["pol_replies"]
+	victim := start(t, xa, pb.in.Bin, "peer", "reach", "--timeout", "10s", yb.IPv4.String()+":90/udpu")
+	time.Sleep(200 * time.Millisecond) // x/a's send is out: the exchange is recorded
+	targets := []string{pb.pod("y/a").IPv4.String(), pb.pod("y/c").IPv4.String(), yb.IPv4.String()}
+	flood := strings.TrimSpace(run(t, zc, time.Minute, pb.in.Bin, append([]string{"peer", "udpflood", "--ports", "1000-60999", "--count", "150000"}, targets...)...))
+	if flood != "150000" {
+		t.Fatalf("z/c sent %s datagrams, want 150000", flood)
+	}
+	if err := victim.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("x/a's reach: %v: %s", err, victim.err.String())
+	}
+	var res []peer.Reach
+	if err := json.Unmarshal(victim.out.Bytes(), &res); err != nil || len(res) != 1 {
+		t.Fatalf("x/a's reach: %q: %v", victim.out.String(), err)
+	}
+	if res[0].Result != "ok" || res[0].Label != "late" {
+		t.Errorf("x/a's answer from y/b after z/c's 150,000 exchanges: %s %q, want ok from late", res[0].Result, res[0].Label)
+	}
+	if got := lbCountersOf(t, pb.in)["pol_replies"]; got <= before {
+		t.Errorf("pol_replies %d -> %d: the answer was not let in as an answer", before, got)
+	}
+}
