@@ -227,7 +227,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 18
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 20
 )
 
 type bypassSlListener struct {

@@ -60,33 +60,34 @@ type servicelbSlLbConn struct {
 type servicelbSlLbCounter uint32
 
 const (
-	servicelbSlLbCounterSL_LB_SELECTED           servicelbSlLbCounter = 0
-	servicelbSlLbCounterSL_LB_NO_BACKEND         servicelbSlLbCounter = 1
-	servicelbSlLbCounterSL_LB_AFFINITY_HITS      servicelbSlLbCounter = 2
-	servicelbSlLbCounterSL_LB_TERMINATING_USED   servicelbSlLbCounter = 3
-	servicelbSlLbCounterSL_LB_UDP_REVERSED       servicelbSlLbCounter = 4
-	servicelbSlLbCounterSL_LB_PEERNAME           servicelbSlLbCounter = 5
-	servicelbSlLbCounterSL_LB_ERR_STORAGE        servicelbSlLbCounter = 6
-	servicelbSlLbCounterSL_LB_CONNS_TRACKED      servicelbSlLbCounter = 7
-	servicelbSlLbCounterSL_LB_ERR_CONNS          servicelbSlLbCounter = 8
-	servicelbSlLbCounterSL_LB_EVENTS_LOST        servicelbSlLbCounter = 9
-	servicelbSlLbCounterSL_LB_NAT_EVICTED        servicelbSlLbCounter = 10
-	servicelbSlLbCounterSL_LB_PICK_AMBIGUOUS     servicelbSlLbCounter = 11
-	servicelbSlLbCounterSL_LB_BANK_RETRY         servicelbSlLbCounter = 12
-	servicelbSlLbCounterSL_LB_QUOTA              servicelbSlLbCounter = 13
-	servicelbSlLbCounterSL_LB_POL_DENIED_CONNECT servicelbSlLbCounter = 14
-	servicelbSlLbCounterSL_LB_POL_DENIED_PACKET  servicelbSlLbCounter = 15
-	servicelbSlLbCounterSL_LB_POL_FIRST_PACKET   servicelbSlLbCounter = 16
-	servicelbSlLbCounterSL_LB_POL_FLOW_HITS      servicelbSlLbCounter = 17
-	servicelbSlLbCounterSL_LB_POL_REPLIES        servicelbSlLbCounter = 18
-	servicelbSlLbCounterSL_LB_AFFINITY_QUOTA     servicelbSlLbCounter = 19
-	servicelbSlLbCounterSL_LB_OUT_OF_SCOPE       servicelbSlLbCounter = 20
-	servicelbSlLbCounterSL_LB_MAX                servicelbSlLbCounter = 21
+	servicelbSlLbCounterSL_LB_SELECTED            servicelbSlLbCounter = 0
+	servicelbSlLbCounterSL_LB_NO_BACKEND          servicelbSlLbCounter = 1
+	servicelbSlLbCounterSL_LB_AFFINITY_HITS       servicelbSlLbCounter = 2
+	servicelbSlLbCounterSL_LB_TERMINATING_USED    servicelbSlLbCounter = 3
+	servicelbSlLbCounterSL_LB_UDP_REVERSED        servicelbSlLbCounter = 4
+	servicelbSlLbCounterSL_LB_PEERNAME            servicelbSlLbCounter = 5
+	servicelbSlLbCounterSL_LB_ERR_STORAGE         servicelbSlLbCounter = 6
+	servicelbSlLbCounterSL_LB_CONNS_TRACKED       servicelbSlLbCounter = 7
+	servicelbSlLbCounterSL_LB_ERR_CONNS           servicelbSlLbCounter = 8
+	servicelbSlLbCounterSL_LB_EVENTS_LOST         servicelbSlLbCounter = 9
+	servicelbSlLbCounterSL_LB_NAT_EVICTED         servicelbSlLbCounter = 10
+	servicelbSlLbCounterSL_LB_PICK_AMBIGUOUS      servicelbSlLbCounter = 11
+	servicelbSlLbCounterSL_LB_BANK_RETRY          servicelbSlLbCounter = 12
+	servicelbSlLbCounterSL_LB_QUOTA               servicelbSlLbCounter = 13
+	servicelbSlLbCounterSL_LB_POL_DENIED_CONNECT  servicelbSlLbCounter = 14
+	servicelbSlLbCounterSL_LB_POL_DENIED_PACKET   servicelbSlLbCounter = 15
+	servicelbSlLbCounterSL_LB_POL_FIRST_PACKET    servicelbSlLbCounter = 16
+	servicelbSlLbCounterSL_LB_POL_FLOW_HITS       servicelbSlLbCounter = 17
+	servicelbSlLbCounterSL_LB_POL_REPLIES         servicelbSlLbCounter = 18
+	servicelbSlLbCounterSL_LB_AFFINITY_QUOTA      servicelbSlLbCounter = 19
+	servicelbSlLbCounterSL_LB_OUT_OF_SCOPE        servicelbSlLbCounter = 20
+	servicelbSlLbCounterSL_LB_POL_REPLIES_SPILLED servicelbSlLbCounter = 21
+	servicelbSlLbCounterSL_LB_MAX                 servicelbSlLbCounter = 22
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [21]uint64
+	C [22]uint64
 }
 
 type servicelbSlLbForgetArgs struct {
@@ -217,8 +218,9 @@ const (
 	servicelbSlPolLimitsSL_POL_MAX_CGROUPS  servicelbSlPolLimits = 16384
 	servicelbSlPolLimitsSL_POL_MAX_POLICIES servicelbSlPolLimits = 65536
 	servicelbSlPolLimitsSL_POL_MAX_FLOWS    servicelbSlPolLimits = 65536
-	servicelbSlPolLimitsSL_POL_SOCK_REPLIES servicelbSlPolLimits = 64
+	servicelbSlPolLimitsSL_POL_SOCK_REPLIES servicelbSlPolLimits = 128
 	servicelbSlPolLimitsSL_POL_REPLY_PROBES servicelbSlPolLimits = 4
+	servicelbSlPolLimitsSL_POL_MAX_SPILLED  servicelbSlPolLimits = 65536
 	servicelbSlPolLimitsSL_POL_CGROUP_DEPTH servicelbSlPolLimits = 16
 )
 
@@ -309,6 +311,7 @@ const (
 	servicelbMapSlPolFlows          = "sl_pol_flows"
 	servicelbMapSlPolIps            = "sl_pol_ips"
 	servicelbMapSlPolReplies        = "sl_pol_replies"
+	servicelbMapSlPolRepliesSpill   = "sl_pol_replies_spill"
 	servicelbMapSlPolRules          = "sl_pol_rules"
 	servicelbMapSlPolStats          = "sl_pol_stats"
 	servicelbMapSlSvc               = "sl_svc"
@@ -394,28 +397,29 @@ type servicelbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type servicelbMapSpecs struct {
-	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
-	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
-	SlLbConns     *ebpf.MapSpec `ebpf:"sl_lb_conns"`
-	SlLbOptout    *ebpf.MapSpec `ebpf:"sl_lb_optout"`
-	SlLbOwners    *ebpf.MapSpec `ebpf:"sl_lb_owners"`
-	SlLbSk        *ebpf.MapSpec `ebpf:"sl_lb_sk"`
-	SlLbStats     *ebpf.MapSpec `ebpf:"sl_lb_stats"`
-	SlPodRecords  *ebpf.MapSpec `ebpf:"sl_pod_records"`
-	SlPolCgroups  *ebpf.MapSpec `ebpf:"sl_pol_cgroups"`
-	SlPolCtl      *ebpf.MapSpec `ebpf:"sl_pol_ctl"`
-	SlPolFlows    *ebpf.MapSpec `ebpf:"sl_pol_flows"`
-	SlPolIps      *ebpf.MapSpec `ebpf:"sl_pol_ips"`
-	SlPolReplies  *ebpf.MapSpec `ebpf:"sl_pol_replies"`
-	SlPolRules    *ebpf.MapSpec `ebpf:"sl_pol_rules"`
-	SlPolStats    *ebpf.MapSpec `ebpf:"sl_pol_stats"`
-	SlSvc         *ebpf.MapSpec `ebpf:"sl_svc"`
-	SlSvcAffinity *ebpf.MapSpec `ebpf:"sl_svc_affinity"`
-	SlSvcBackends *ebpf.MapSpec `ebpf:"sl_svc_backends"`
-	SlSvcMaglev   *ebpf.MapSpec `ebpf:"sl_svc_maglev"`
-	SlSvcMembers  *ebpf.MapSpec `ebpf:"sl_svc_members"`
-	SlSvcRefused  *ebpf.MapSpec `ebpf:"sl_svc_refused"`
-	SlSvcSelected *ebpf.MapSpec `ebpf:"sl_svc_selected"`
+	SlEvSettings      *ebpf.MapSpec `ebpf:"sl_ev_settings"`
+	SlEvents          *ebpf.MapSpec `ebpf:"sl_events"`
+	SlLbConns         *ebpf.MapSpec `ebpf:"sl_lb_conns"`
+	SlLbOptout        *ebpf.MapSpec `ebpf:"sl_lb_optout"`
+	SlLbOwners        *ebpf.MapSpec `ebpf:"sl_lb_owners"`
+	SlLbSk            *ebpf.MapSpec `ebpf:"sl_lb_sk"`
+	SlLbStats         *ebpf.MapSpec `ebpf:"sl_lb_stats"`
+	SlPodRecords      *ebpf.MapSpec `ebpf:"sl_pod_records"`
+	SlPolCgroups      *ebpf.MapSpec `ebpf:"sl_pol_cgroups"`
+	SlPolCtl          *ebpf.MapSpec `ebpf:"sl_pol_ctl"`
+	SlPolFlows        *ebpf.MapSpec `ebpf:"sl_pol_flows"`
+	SlPolIps          *ebpf.MapSpec `ebpf:"sl_pol_ips"`
+	SlPolReplies      *ebpf.MapSpec `ebpf:"sl_pol_replies"`
+	SlPolRepliesSpill *ebpf.MapSpec `ebpf:"sl_pol_replies_spill"`
+	SlPolRules        *ebpf.MapSpec `ebpf:"sl_pol_rules"`
+	SlPolStats        *ebpf.MapSpec `ebpf:"sl_pol_stats"`
+	SlSvc             *ebpf.MapSpec `ebpf:"sl_svc"`
+	SlSvcAffinity     *ebpf.MapSpec `ebpf:"sl_svc_affinity"`
+	SlSvcBackends     *ebpf.MapSpec `ebpf:"sl_svc_backends"`
+	SlSvcMaglev       *ebpf.MapSpec `ebpf:"sl_svc_maglev"`
+	SlSvcMembers      *ebpf.MapSpec `ebpf:"sl_svc_members"`
+	SlSvcRefused      *ebpf.MapSpec `ebpf:"sl_svc_refused"`
+	SlSvcSelected     *ebpf.MapSpec `ebpf:"sl_svc_selected"`
 }
 
 // servicelbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -446,28 +450,29 @@ func (o *servicelbObjects) Close() error {
 //
 // It can be passed to loadServicelbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type servicelbMaps struct {
-	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
-	SlEvents      *ebpf.Map `ebpf:"sl_events"`
-	SlLbConns     *ebpf.Map `ebpf:"sl_lb_conns"`
-	SlLbOptout    *ebpf.Map `ebpf:"sl_lb_optout"`
-	SlLbOwners    *ebpf.Map `ebpf:"sl_lb_owners"`
-	SlLbSk        *ebpf.Map `ebpf:"sl_lb_sk"`
-	SlLbStats     *ebpf.Map `ebpf:"sl_lb_stats"`
-	SlPodRecords  *ebpf.Map `ebpf:"sl_pod_records"`
-	SlPolCgroups  *ebpf.Map `ebpf:"sl_pol_cgroups"`
-	SlPolCtl      *ebpf.Map `ebpf:"sl_pol_ctl"`
-	SlPolFlows    *ebpf.Map `ebpf:"sl_pol_flows"`
-	SlPolIps      *ebpf.Map `ebpf:"sl_pol_ips"`
-	SlPolReplies  *ebpf.Map `ebpf:"sl_pol_replies"`
-	SlPolRules    *ebpf.Map `ebpf:"sl_pol_rules"`
-	SlPolStats    *ebpf.Map `ebpf:"sl_pol_stats"`
-	SlSvc         *ebpf.Map `ebpf:"sl_svc"`
-	SlSvcAffinity *ebpf.Map `ebpf:"sl_svc_affinity"`
-	SlSvcBackends *ebpf.Map `ebpf:"sl_svc_backends"`
-	SlSvcMaglev   *ebpf.Map `ebpf:"sl_svc_maglev"`
-	SlSvcMembers  *ebpf.Map `ebpf:"sl_svc_members"`
-	SlSvcRefused  *ebpf.Map `ebpf:"sl_svc_refused"`
-	SlSvcSelected *ebpf.Map `ebpf:"sl_svc_selected"`
+	SlEvSettings      *ebpf.Map `ebpf:"sl_ev_settings"`
+	SlEvents          *ebpf.Map `ebpf:"sl_events"`
+	SlLbConns         *ebpf.Map `ebpf:"sl_lb_conns"`
+	SlLbOptout        *ebpf.Map `ebpf:"sl_lb_optout"`
+	SlLbOwners        *ebpf.Map `ebpf:"sl_lb_owners"`
+	SlLbSk            *ebpf.Map `ebpf:"sl_lb_sk"`
+	SlLbStats         *ebpf.Map `ebpf:"sl_lb_stats"`
+	SlPodRecords      *ebpf.Map `ebpf:"sl_pod_records"`
+	SlPolCgroups      *ebpf.Map `ebpf:"sl_pol_cgroups"`
+	SlPolCtl          *ebpf.Map `ebpf:"sl_pol_ctl"`
+	SlPolFlows        *ebpf.Map `ebpf:"sl_pol_flows"`
+	SlPolIps          *ebpf.Map `ebpf:"sl_pol_ips"`
+	SlPolReplies      *ebpf.Map `ebpf:"sl_pol_replies"`
+	SlPolRepliesSpill *ebpf.Map `ebpf:"sl_pol_replies_spill"`
+	SlPolRules        *ebpf.Map `ebpf:"sl_pol_rules"`
+	SlPolStats        *ebpf.Map `ebpf:"sl_pol_stats"`
+	SlSvc             *ebpf.Map `ebpf:"sl_svc"`
+	SlSvcAffinity     *ebpf.Map `ebpf:"sl_svc_affinity"`
+	SlSvcBackends     *ebpf.Map `ebpf:"sl_svc_backends"`
+	SlSvcMaglev       *ebpf.Map `ebpf:"sl_svc_maglev"`
+	SlSvcMembers      *ebpf.Map `ebpf:"sl_svc_members"`
+	SlSvcRefused      *ebpf.Map `ebpf:"sl_svc_refused"`
+	SlSvcSelected     *ebpf.Map `ebpf:"sl_svc_selected"`
 }
 
 func (m *servicelbMaps) Close() error {
@@ -485,6 +490,7 @@ func (m *servicelbMaps) Close() error {
 		m.SlPolFlows,
 		m.SlPolIps,
 		m.SlPolReplies,
+		m.SlPolRepliesSpill,
 		m.SlPolRules,
 		m.SlPolStats,
 		m.SlSvc,

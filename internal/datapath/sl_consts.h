@@ -52,7 +52,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 18,
+	SL_LAYOUT_VERSION = 20,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

@@ -63,6 +63,16 @@ struct {
 	__type(value, struct sl_pol_replies);
 } sl_pol_replies SEC(".maps");
 
+/* Exchanges moved out of full socket tables (value: the generation). An
+ * LRU: a socket with more live exchanges than its table holds competes
+ * here with the others' overflow only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SL_POL_MAX_SPILLED);
+	__type(key, struct sl_pol_reply_key);
+	__type(value, __u64);
+} sl_pol_replies_spill SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_POD_MAX_RECORDS);

@@ -17,8 +17,9 @@ enum sl_pol_limits {
 	SL_POL_MAX_CGROUPS = 16384,   /* local endpoint cgroups, both banks */
 	SL_POL_MAX_POLICIES = 65536,  /* policy ids (counters) */
 	SL_POL_MAX_FLOWS = 65536,     /* cached verdicts of UDP flows */
-	SL_POL_SOCK_REPLIES = 64,     /* exchanges an unconnected UDP socket keeps (a power of two) */
-	SL_POL_REPLY_PROBES = 4,      /* slots a peer may take in its socket's table */
+	SL_POL_SOCK_REPLIES = 128,    /* exchanges an unconnected UDP socket keeps (a power of two) */
+	SL_POL_REPLY_PROBES = 4,      /* slots a peer may take in its socket's table (a power of two) */
+	SL_POL_MAX_SPILLED = 65536,   /* exchanges moved out of full socket tables, node-wide */
 	SL_POL_CGROUP_DEPTH = 16,     /* ancestor levels searched for a pod's cgroup */
 };
 
@@ -132,8 +133,10 @@ struct sl_pol_flow {
 /* An unconnected UDP socket's exchanges (sl_pol_replies, the socket's own
  * storage): the peers it sent to, or let a datagram in from, under a
  * policy generation; answers from there are part of a flow already
- * judged. A small open-addressed table per socket: a socket that talks to
- * more peers pushes out its own older exchanges, never another socket's. */
+ * judged. A small open-addressed table per socket, which nothing another
+ * socket does can empty; a socket with more live exchanges than its table
+ * holds moves some to a node-wide LRU (sl_pol_replies_spill), where only
+ * such overflow competes. */
 struct sl_pol_reply_peer {
 	__u32 ip[4];
 	__u16 port;
@@ -142,7 +145,19 @@ struct sl_pol_reply_peer {
 };
 
 struct sl_pol_replies {
+	__u32 spilled;                /* the generation (low 32 bits) under which this socket last spilled (0: never) */
+	__u32 pad;
 	struct sl_pol_reply_peer peers[SL_POL_SOCK_REPLIES];
+};
+
+/* An exchange moved out of a full socket table: the socket's cookie and
+ * the peer. */
+struct sl_pol_reply_key {
+	__u64 cookie;
+	__u32 ip[4];
+	__u16 port;
+	__u16 pad;
+	__u32 pad2;
 };
 
 /* The pod table: what this node says of its pods to the other nodes'

@@ -189,11 +189,24 @@ static __always_inline int pol_reply_is(const struct sl_pol_reply_peer *p, const
 	       p->ip[2] == ip[2] && p->ip[3] == ip[3];
 }
 
+/* The spilled exchange of the socket whose cookie is given. */
+static __always_inline struct sl_pol_reply_key pol_spill_key(__u64 cookie, const __u32 *ip, __u16 port)
+{
+	struct sl_pol_reply_key k = {.cookie = cookie, .port = port};
+	k.ip[0] = ip[0];
+	k.ip[1] = ip[1];
+	k.ip[2] = ip[2];
+	k.ip[3] = ip[3];
+	return k;
+}
+
 /* An unconnected UDP socket's exchange with a peer, under the live
  * policy: answers either way are part of a flow already judged. Kept in
- * the socket's own storage; a full probe window gives its first slot to
- * the newest exchange. */
-static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
+ * the socket's own table; when a peer's probe window is full of live
+ * exchanges, one of them (drawn at random) moves to the node's spill
+ * LRU to make room. ctx is the program's context (for the cookie). */
+static __always_inline void pol_allow_replies(void *ctx, struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip,
+					      __u16 port)
 {
 	if (!sk)
 		return;
@@ -201,16 +214,23 @@ static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bp
 	if (!r)
 		return;
 	__u32 gen = (__u32)ctl->generation;
-	__u32 slot = pol_reply_slot(ip, port, 0);
+	__u32 slot = SL_POL_SOCK_REPLIES; /* none free yet */
 	for (__u32 i = 0; i < SL_POL_REPLY_PROBES; i++) {
 		__u32 s = pol_reply_slot(ip, port, i);
 		struct sl_pol_reply_peer *p = &r->peers[s];
 		if (pol_reply_is(p, ip, port, gen))
 			return;
-		if (p->generation != gen) {
+		if (p->generation != gen && slot == SL_POL_SOCK_REPLIES)
 			slot = s;
-			break;
-		}
+	}
+	if (slot == SL_POL_SOCK_REPLIES) {
+		slot = pol_reply_slot(ip, port, bpf_get_prandom_u32() & (SL_POL_REPLY_PROBES - 1));
+		struct sl_pol_reply_peer *old = &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)];
+		struct sl_pol_reply_key k = pol_spill_key(bpf_get_socket_cookie(ctx), old->ip, old->port);
+		__u64 g = ctl->generation;
+		bpf_map_update_elem(&sl_pol_replies_spill, &k, &g, BPF_ANY);
+		r->spilled = gen;
+		lb_count(SL_LB_POL_REPLIES_SPILLED);
 	}
 	struct sl_pol_reply_peer *p = &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)];
 	p->ip[0] = ip[0];
@@ -221,7 +241,7 @@ static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bp
 	p->generation = gen;
 }
 
-static __always_inline int pol_is_reply(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
+static __always_inline int pol_is_reply(void *ctx, struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
 {
 	if (!sk)
 		return 0;
@@ -233,7 +253,13 @@ static __always_inline int pol_is_reply(struct sl_pol_live *ctl, struct bpf_sock
 		if (pol_reply_is(&r->peers[pol_reply_slot(ip, port, i)], ip, port, gen))
 			return 1;
 	}
-	return 0;
+	/* A full window (this peer's, or an overlapping one) may have moved
+	 * the exchange to the spill: only sockets that spilled look there. */
+	if (r->spilled != gen)
+		return 0;
+	struct sl_pol_reply_key k = pol_spill_key(bpf_get_socket_cookie(ctx), ip, port);
+	__u64 *g = bpf_map_lookup_elem(&sl_pol_replies_spill, &k);
+	return g && *g == ctl->generation;
 }
 
 /* The connecting (or sending) process's flow to dst: 0 to go on, -1 if
@@ -247,7 +273,7 @@ static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const str
 		return 0;
 	__u32 bank = ctl->bank;
 	if (unconnected) {
-		if (pol_is_reply(ctl, sk, dst->ip, dst->port)) {
+		if (pol_is_reply(ctx, ctl, sk, dst->ip, dst->port)) {
 			lb_count(SL_LB_POL_REPLIES);
 			return 0;
 		}
@@ -260,7 +286,7 @@ static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const str
 	if (pol_judge(bank, self, self_class, self->identity, peer, peer ? peer->class : SL_POL_CLASS_WORLD, proto, dst->port, v))
 		return -1;
 	if (unconnected && (self->flags & SL_POL_ISOLATED_INGRESS))
-		pol_allow_replies(ctl, sk, dst->ip, dst->port);
+		pol_allow_replies(ctx, ctl, sk, dst->ip, dst->port);
 	return 0;
 }
 

@@ -534,7 +534,8 @@ func TestPolicySpoofedSource(t *testing.T) {
 // sent pass; y/b answers x/a three seconds late, and meanwhile z/c sends
 // to 150,000 (address, port) pairs from one socket. Each socket keeps its
 // own exchanges: z/c can only push out its own (a table shared by the
-// node's sockets would have lost x/a's).
+// node's sockets would have lost x/a's). Then a busy server keeps every
+// answer of more exchanges than its socket's table holds.
 func TestPolicyReplyFlood(t *testing.T) {
 	pb := newPolicyBed(t)
 	pb.apply(t, pb.file(t, `
@@ -570,5 +571,36 @@ func TestPolicyReplyFlood(t *testing.T) {
 	}
 	if got := lbCountersOf(t, pb.in)["pol_replies"]; got <= before {
 		t.Errorf("pol_replies %d -> %d: the answer was not let in as an answer", before, got)
+	}
+
+	// A busy server: x/a may send nothing (egress isolated) and lets y
+	// in; its answers pass only as answers. 160 exchanges wait on one
+	// socket at once, more than its table holds: the overflow moves to
+	// the node's spill table and every answer still leaves.
+	pb.apply(t, pb.file(t, `
+  - metadata: {name: serve-y, namespace: x}
+    spec:
+      podSelector: {matchLabels: {pod: a}}
+      policyTypes: [Ingress, Egress]
+      ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]
+`))
+	start(t, xa, pb.in.Bin, "peer", "whoami", "[::]:91", "--network", "udp", "--delay", "2s", "--label", "busy")
+	waitUDPPort(t, xa, "[::]:91")
+	busy := make([]string, 160)
+	for i := range busy {
+		busy[i] = xa.IPv4.String() + ":91/udpu"
+	}
+	spilled := lbCountersOf(t, pb.in)["pol_replies_spilled"]
+	ok := 0
+	for _, r := range reach(t, pb.in, yb, 10*time.Second, busy) {
+		if r.Result == "ok" && r.Label == "busy" {
+			ok++
+		}
+	}
+	if ok != len(busy) {
+		t.Errorf("y/b's %d exchanges with the busy x/a: %d answered", len(busy), ok)
+	}
+	if got := lbCountersOf(t, pb.in)["pol_replies_spilled"]; got <= spilled {
+		t.Errorf("pol_replies_spilled %d -> %d: 160 live exchanges of one socket did not overflow its table", spilled, got)
 	}
 }
