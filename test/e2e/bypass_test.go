@@ -178,8 +178,14 @@ func TestRemotePeerNotRedirected(t *testing.T) {
 	mustEqual(t, d, "conns_bypassed", 0)
 	mustAtLeast(t, d, "established_active", 8)
 	mustEqual(t, d, "established_passive", 0)
-	// Each client sent through sk_msg once, then left the map.
-	mustAtLeast(t, d, "evictions", 8)
+	// Each client sent through sk_msg once, then left the map, or never
+	// joined it: once enough connections to the destination found no
+	// managed server, later ones stay on TCP from the start (learned
+	// destinations; seen on an emulated CPU, where the 8 connections
+	// follow each other more than they overlap).
+	if n := d["evictions"] + d["fallback_no_peer"]; n < 8 {
+		t.Errorf("%d of 8 remote connections left the map or never joined it (%s)", n, nonzero(d))
+	}
 	if d["pass_msgs"] > 8*4 {
 		t.Errorf("remote connections kept paying sk_msg: %d messages passed for 8 connections", d["pass_msgs"])
 	}
