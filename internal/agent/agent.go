@@ -337,15 +337,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
-			kubeDone <- kube.Watch(ctx, kubeCfg, cfg.NodeName, 20*time.Millisecond, dp.ServiceBudget(), func(set *service.Set, skipped []service.Skipped, since time.Time) error {
-				st, err := node.ApplyServices(dp, cfg.PinName, set, skipped)
+			kubeDone <- kube.Watch(ctx, kubeCfg, cfg.NodeName, 20*time.Millisecond, dp.ServiceBudget(), func(ch kube.ServiceChanges, since time.Time) error {
+				st, whole, err := node.UpdateServices(dp, cfg.PinName, ch.Changes, ch.Whole)
 				if err != nil {
 					return err
 				}
 				if web != nil {
 					web.programming.Observe(time.Since(since))
 				}
-				log.Debug("services programmed", "frontends", st.Frontends, "added", st.Added, "updated", st.Updated,
+				log.Debug("services programmed", "whole", whole, "frontends", st.Frontends, "added", st.Added, "updated", st.Updated,
 					"removed", st.Removed, "sockets_destroyed", st.Destroyed, "took", st.Took)
 				// Ready once the cluster's services, as listed at
 				// start, are programmed.

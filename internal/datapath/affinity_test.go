@@ -138,33 +138,7 @@ func TestApplyMirror(t *testing.T) {
 	if _, err := dp.ApplyServices(manyServices(t, n, 0)); err != nil {
 		t.Fatal(err)
 	}
-	same := func(what string) {
-		t.Helper()
-		read, err := dp.readMirror()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if dp.lbm == nil || len(read.svcs) != len(dp.lbm.svcs) || len(read.slots) != len(dp.lbm.slots) || len(read.members) != len(dp.lbm.members) {
-			t.Fatalf("%s: the mirror differs from the maps", what)
-		}
-		for k, v := range read.svcs {
-			if dp.lbm.svcs[k] != v {
-				t.Fatalf("%s: frontend %+v is %+v in the maps, %+v in the mirror", what, k, v, dp.lbm.svcs[k])
-			}
-		}
-		for k, v := range read.slots {
-			if dp.lbm.slots[k] != v {
-				t.Fatalf("%s: slot %+v differs", what, k)
-			}
-		}
-		for id, ms := range read.members {
-			for b, s := range ms {
-				if dp.lbm.members[id][b] != s {
-					t.Fatalf("%s: member %d %+v differs", what, id, b)
-				}
-			}
-		}
-	}
+	same := func(what string) { mirrorMatchesMaps(t, dp, what) }
 	same("created")
 	for _, changed := range []int{1, 0, 1, 0, 1, n / 2} {
 		st, err := dp.ApplyServices(manyServices(t, n, changed))
@@ -189,4 +163,34 @@ func TestApplyMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	same("after another handle's apply")
+}
+
+// mirrorMatchesMaps: what dp remembers of the service maps is what they
+// hold.
+func mirrorMatchesMaps(t *testing.T, dp *Datapath, what string) {
+	t.Helper()
+	read, err := dp.readMirror()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dp.lbm == nil || len(read.svcs) != len(dp.lbm.svcs) || len(read.slots) != len(dp.lbm.slots) || len(read.members) != len(dp.lbm.members) {
+		t.Fatalf("%s: the mirror differs from the maps", what)
+	}
+	for k, v := range read.svcs {
+		if dp.lbm.svcs[k] != v {
+			t.Fatalf("%s: frontend %+v is %+v in the maps, %+v in the mirror", what, k, v, dp.lbm.svcs[k])
+		}
+	}
+	for k, v := range read.slots {
+		if dp.lbm.slots[k] != v {
+			t.Fatalf("%s: slot %+v differs", what, k)
+		}
+	}
+	for id, ms := range read.members {
+		for b, s := range ms {
+			if dp.lbm.members[id][b] != s {
+				t.Fatalf("%s: member %d %+v differs", what, id, b)
+			}
+		}
+	}
 }

@@ -15,7 +15,10 @@ type lbMirror struct {
 	// maglev is the signature of each Maglev frontend's live table
 	// (unknown after a read: the tables are rewritten).
 	maglev map[uint32]uint64
-	tag    string
+	// owned are each applied service's frontends (namespace/name: nil
+	// after a read, where the maps hold no names).
+	owned map[string][]servicelbSlSvcKey
+	tag   string
 }
 
 // readMirror reads the service maps.

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -23,12 +24,20 @@ type frontend struct {
 	weights  []uint16 // of the ready backends, for Maglev
 }
 
-func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
+// frontendKey is the datapath's key of a service's binding.
+func frontendKey(at service.Binding) servicelbSlSvcKey {
+	return servicelbSlSvcKey{Ip: addrWords(at.VIP), Port: at.Frontend.Port, Proto: at.Port.Protocol.Number()}
+}
+
+// frontendsOf are the services' frontends; owned lists each service's.
+func frontendsOf(svcs []*service.Service, owned map[string][]servicelbSlSvcKey) map[servicelbSlSvcKey]*frontend {
 	out := map[servicelbSlSvcKey]*frontend{}
-	for _, s := range set.Services {
+	for _, s := range svcs {
+		var keys []servicelbSlSvcKey
 		for _, at := range s.Bindings() {
 			p, vip := at.Port, at.VIP
-			f := &frontend{key: servicelbSlSvcKey{Ip: addrWords(vip), Port: at.Frontend.Port, Proto: p.Protocol.Number()}}
+			f := &frontend{key: frontendKey(at)}
+			keys = append(keys, f.key)
 			if s.Affinity == service.AffinityClientIP {
 				f.affinity = uint32(s.Timeout / time.Second)
 			}
@@ -53,6 +62,7 @@ func frontendsOf(set *service.Set) map[servicelbSlSvcKey]*frontend {
 			}
 			out[f.key] = f
 		}
+		owned[s.Key()] = keys
 	}
 	return out
 }
@@ -125,16 +135,55 @@ type ApplyStats struct {
 // touched.
 func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	start := time.Now()
-	var st ApplyStats
-	want := frontendsOf(set)
-	st.Frontends = len(want)
 	mirror := d.lbm
 	if mirror == nil {
 		var err error
 		if mirror, err = d.readMirror(); err != nil {
-			return st, err
+			return ApplyStats{}, err
 		}
 	}
+	owned := map[string][]servicelbSlSvcKey{}
+	want := frontendsOf(set.Services, owned)
+	return d.applyFrontends(start, mirror, want, true, nil, owned)
+}
+
+// ErrNoServiceMirror: UpdateServices needs what this Datapath last
+// applied (ApplyServices, then updates), not maps another process wrote.
+var ErrNoServiceMirror = errors.New("the services this datapath last applied are not known: apply the whole set")
+
+// UpdateServices changes what the last ApplyServices (and updates since)
+// of this Datapath programmed: changed services (new, or defined anew)
+// replace their frontends, removed ones (by namespace/name) lose theirs,
+// and no other frontend is looked at: the cost is the change's. Each
+// frontend changes as in ApplyServices. Without the record of the last
+// apply (another process applied, an apply failed) it returns
+// ErrNoServiceMirror and changes nothing.
+func (d *Datapath) UpdateServices(changed []*service.Service, removed []string) (ApplyStats, error) {
+	start := time.Now()
+	mirror := d.lbm
+	if mirror == nil || mirror.owned == nil {
+		return ApplyStats{}, ErrNoServiceMirror
+	}
+	owned := map[string][]servicelbSlSvcKey{}
+	want := frontendsOf(changed, owned)
+	var scope []servicelbSlSvcKey
+	for k := range owned {
+		scope = append(scope, mirror.owned[k]...)
+	}
+	for _, k := range removed {
+		if _, again := owned[k]; !again {
+			scope = append(scope, mirror.owned[k]...)
+			owned[k] = nil
+		}
+	}
+	return d.applyFrontends(start, mirror, want, false, scope, owned)
+}
+
+// applyFrontends programs want; the frontends that go are those of the
+// mirror not wanted (all), or else those of scope not wanted. owned are
+// the services' frontends now (nil: a service gone).
+func (d *Datapath) applyFrontends(start time.Time, mirror *lbMirror, want map[servicelbSlSvcKey]*frontend, all bool, scope []servicelbSlSvcKey, owned map[string][]servicelbSlSvcKey) (ApplyStats, error) {
+	var st ApplyStats
 	// Until this apply has written everything, the maps may hold part
 	// of it: the next apply reads them.
 	d.lbm = nil
@@ -217,7 +266,26 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	}
 	var goneIDs []uint32
 	var goneKeys []servicelbSlSvcKey
-	for key, old := range have {
+	leaving := func(yield func(servicelbSlSvcKey, servicelbSlSvcVal) bool) {
+		if all {
+			for key, old := range have {
+				if !yield(key, old) {
+					return
+				}
+			}
+			return
+		}
+		seen := make(map[servicelbSlSvcKey]bool, len(scope))
+		for _, key := range scope {
+			if old, ok := have[key]; ok && !seen[key] {
+				seen[key] = true
+				if !yield(key, old) {
+					return
+				}
+			}
+		}
+	}
+	for key, old := range leaving {
 		if _, ok := want[key]; ok {
 			continue
 		}
@@ -306,8 +374,20 @@ func (d *Datapath) ApplyServices(set *service.Set) (ApplyStats, error) {
 	for _, k := range staleMg {
 		delete(mirror.maglev, k.Id)
 	}
+	if all {
+		mirror.owned = owned
+	} else {
+		for k, keys := range owned {
+			if keys == nil {
+				delete(mirror.owned, k)
+			} else {
+				mirror.owned[k] = keys
+			}
+		}
+	}
 	mirror.tag = ""
 	d.lbm = mirror
+	st.Frontends = len(have)
 	st.Took = time.Since(start)
 	return st, nil
 }

@@ -6,6 +6,7 @@ package kube
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"time"
 
@@ -64,79 +65,90 @@ func Build(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, node Nod
 	var out []*service.Service
 	var ignored []service.Skipped
 	var notes []string
-	ignore := func(k *corev1.Service, why string) {
-		ignored = append(ignored, service.Skipped{Service: k.Namespace + "/" + k.Name, Reason: why, Ignored: true})
-	}
 	for _, k := range svcs {
-		if p, ok := k.Labels[ProxyNameLabel]; ok {
-			ignore(k, fmt.Sprintf("label %s=%s: another proxy serves it", ProxyNameLabel, p))
-			continue
+		s, ig, n := buildOne(k, bySvc[k.Namespace+"/"+k.Name], node)
+		notes = append(notes, n...)
+		switch {
+		case ig != nil:
+			ignored = append(ignored, *ig)
+		case s != nil:
+			out = append(out, s)
 		}
-		if k.Spec.Type == corev1.ServiceTypeExternalName {
-			ignore(k, "ExternalName: a DNS alias, no virtual IP")
-			continue
-		}
-		s := &service.Service{Name: k.Name, Namespace: k.Namespace, Affinity: service.AffinityNone}
-		for _, ip := range k.Spec.ClusterIPs {
-			if ip == "" || ip == corev1.ClusterIPNone {
-				continue
-			}
-			a, err := netip.ParseAddr(ip)
-			if err != nil {
-				notes = append(notes, fmt.Sprintf("%s/%s: cluster IP %q: %v", k.Namespace, k.Name, ip, err))
-				continue
-			}
-			s.VIPs = append(s.VIPs, a)
-		}
-		if len(s.VIPs) == 0 {
-			ignore(k, "headless: no cluster IP (DNS names the endpoints)")
-			continue
-		}
-		if sel := k.Annotations[SelectionAnnotation]; sel != "" {
-			s.Selection = service.Selection(sel)
-		}
-		if k.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
-			s.Affinity = service.AffinityClientIP
-			s.Timeout = service.DefaultAffinityTimeout
-			if c := k.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
-				s.Timeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
-			}
-		}
-		eps := bySvc[k.Namespace+"/"+k.Name]
-		sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
-		var kports []corev1.ServicePort
-		for _, p := range k.Spec.Ports {
-			proto := service.TCP
-			switch p.Protocol {
-			case corev1.ProtocolUDP:
-				proto = service.UDP
-			case corev1.ProtocolSCTP:
-				notes = append(notes, fmt.Sprintf("%s/%s: port %s: SCTP is not balanced", k.Namespace, k.Name, p.Name))
-				continue
-			}
-			sp := service.Port{Name: p.Name, Port: uint16(p.Port), Protocol: proto, TargetPort: targetPort(p, eps)}
-			if k.Spec.Type == corev1.ServiceTypeNodePort || k.Spec.Type == corev1.ServiceTypeLoadBalancer {
-				sp.NodePort = uint16(p.NodePort)
-			}
-			if sp.TargetPort == 0 {
-				notes = append(notes, fmt.Sprintf("%s/%s: port %s: no endpoint port yet", k.Namespace, k.Name, p.Name))
-				sp.TargetPort = uint16(p.Port)
-			}
-			s.Ports = append(s.Ports, sp)
-			kports = append(kports, p)
-		}
-		if len(s.Ports) == 0 {
-			continue
-		}
-		local := k.Spec.InternalTrafficPolicy != nil && *k.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
-		if local {
-			s.InternalTrafficPolicy = "Local"
-		}
-		s.Backends, s.Choice = backends(eps, s.VIPs, kports, node, local)
-		s.ExternalIPs, s.NodeAddrs = external(k, s.VIPs, node)
-		out = append(out, s)
 	}
 	return out, ignored, notes
+}
+
+// buildOne is Build for one Service and its EndpointSlices: the service,
+// or why it is ignored, or neither (no port to serve).
+func buildOne(k *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) (*service.Service, *service.Skipped, []string) {
+	var notes []string
+	ignore := func(why string) (*service.Service, *service.Skipped, []string) {
+		return nil, &service.Skipped{Service: k.Namespace + "/" + k.Name, Reason: why, Ignored: true}, notes
+	}
+	if p, ok := k.Labels[ProxyNameLabel]; ok {
+		return ignore(fmt.Sprintf("label %s=%s: another proxy serves it", ProxyNameLabel, p))
+	}
+	if k.Spec.Type == corev1.ServiceTypeExternalName {
+		return ignore("ExternalName: a DNS alias, no virtual IP")
+	}
+	s := &service.Service{Name: k.Name, Namespace: k.Namespace, Affinity: service.AffinityNone}
+	for _, ip := range k.Spec.ClusterIPs {
+		if ip == "" || ip == corev1.ClusterIPNone {
+			continue
+		}
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			notes = append(notes, fmt.Sprintf("%s/%s: cluster IP %q: %v", k.Namespace, k.Name, ip, err))
+			continue
+		}
+		s.VIPs = append(s.VIPs, a)
+	}
+	if len(s.VIPs) == 0 {
+		return ignore("headless: no cluster IP (DNS names the endpoints)")
+	}
+	if sel := k.Annotations[SelectionAnnotation]; sel != "" {
+		s.Selection = service.Selection(sel)
+	}
+	if k.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		s.Affinity = service.AffinityClientIP
+		s.Timeout = service.DefaultAffinityTimeout
+		if c := k.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			s.Timeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+		}
+	}
+	eps = slices.Clone(eps)
+	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
+	var kports []corev1.ServicePort
+	for _, p := range k.Spec.Ports {
+		proto := service.TCP
+		switch p.Protocol {
+		case corev1.ProtocolUDP:
+			proto = service.UDP
+		case corev1.ProtocolSCTP:
+			notes = append(notes, fmt.Sprintf("%s/%s: port %s: SCTP is not balanced", k.Namespace, k.Name, p.Name))
+			continue
+		}
+		sp := service.Port{Name: p.Name, Port: uint16(p.Port), Protocol: proto, TargetPort: targetPort(p, eps)}
+		if k.Spec.Type == corev1.ServiceTypeNodePort || k.Spec.Type == corev1.ServiceTypeLoadBalancer {
+			sp.NodePort = uint16(p.NodePort)
+		}
+		if sp.TargetPort == 0 {
+			notes = append(notes, fmt.Sprintf("%s/%s: port %s: no endpoint port yet", k.Namespace, k.Name, p.Name))
+			sp.TargetPort = uint16(p.Port)
+		}
+		s.Ports = append(s.Ports, sp)
+		kports = append(kports, p)
+	}
+	if len(s.Ports) == 0 {
+		return nil, nil, notes
+	}
+	local := k.Spec.InternalTrafficPolicy != nil && *k.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	if local {
+		s.InternalTrafficPolicy = "Local"
+	}
+	s.Backends, s.Choice = backends(eps, s.VIPs, kports, node, local)
+	s.ExternalIPs, s.NodeAddrs = external(k, s.VIPs, node)
+	return s, nil, notes
 }
 
 // targetPort is the port of the first slice (by name) that has the

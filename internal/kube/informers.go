@@ -23,6 +23,22 @@ func startInformers(ctx context.Context, f informers.SharedInformerFactory, chan
 			return fmt.Errorf("watching: %w", err)
 		}
 	}
+	return waitInformers(ctx, f, rbac)
+}
+
+// watchInformers is startInformers with a handler of each informer's own.
+func watchInformers(ctx context.Context, f informers.SharedInformerFactory, rbac string, hs map[cache.SharedIndexInformer]cache.ResourceEventHandler) error {
+	for inf, h := range hs {
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("watching: %w", err)
+		}
+	}
+	return waitInformers(ctx, f, rbac)
+}
+
+// waitInformers starts the factory and waits for the first listing (rbac
+// names what a failed listing needs).
+func waitInformers(ctx context.Context, f informers.SharedInformerFactory, rbac string) error {
 	f.Start(ctx.Done())
 	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 		if !ok {

@@ -1,22 +1,20 @@
 package kube
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	goslices "slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/socklane/socklane/internal/service"
@@ -39,15 +37,26 @@ func Config(path string) (*rest.Config, error) {
 	return c, nil
 }
 
-// Apply programs a set of services; since is the first event of the
+// ServiceChanges are the services whose outcome (served, skipped, gone)
+// changed in one batch of events, and the whole answer, for an apply
+// that cannot take the change alone.
+type ServiceChanges struct {
+	Changes []service.Outcome
+	Whole   func() (*service.Set, []service.Skipped)
+}
+
+// Apply programs a batch of changes; since is the first event of the
 // batch (the programming latency runs from it).
-type Apply func(set *service.Set, skipped []service.Skipped, since time.Time) error
+type Apply func(ch ServiceChanges, since time.Time) error
 
 // Watch keeps apply fed with the cluster's Services and EndpointSlices
-// until ctx ends. Changes that arrive together are applied together (a
-// batch closes quiet milliseconds after its last event). Each apply is
-// logged with its programming latency: from the first event of the batch
-// to the end of the apply.
+// until ctx ends, at the cost of what changed: each batch builds and
+// judges only the Services its events touched (serviceState). Changes
+// that arrive together are applied together (a batch closes quiet
+// milliseconds after its last event). Each apply is logged with its
+// programming latency: from the first event of the batch to the end of
+// the apply. An apply that fails is tried again (the applier then takes
+// the whole set), after 1 s, doubling to 30 s.
 //
 // nodeName is this node's name in the cluster: its Node object's zone
 // label and the endpoints' nodeName decide internalTrafficPolicy: Local
@@ -61,85 +70,74 @@ func Watch(ctx context.Context, cfg *rest.Config, nodeName string, quiet time.Du
 	f := informers.NewSharedInformerFactory(cs, 0)
 	svcInf := f.Core().V1().Services()
 	esInf := f.Discovery().V1().EndpointSlices()
+	if err := esInf.Informer().AddIndexers(cache.Indexers{byService: indexByService}); err != nil {
+		return fmt.Errorf("indexing endpointslices: %w", err)
+	}
 	// This node's object only: its zone label.
 	nf := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}))
 	nodeInf := nf.Core().V1().Nodes()
-	var mu sync.Mutex
-	var first time.Time // first event of the pending batch
-	kick := make(chan struct{}, 1)
-	changed := func() {
-		mu.Lock()
-		if first.IsZero() {
-			first = time.Now()
-		}
-		mu.Unlock()
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
-	}
+	st := newServiceState(svcInf.Lister(), esInf.Informer().GetIndexer(), budget)
 	defer f.Shutdown()
-	if err := startInformers(ctx, f, changed, "services and endpointslices", svcInf.Informer(), esInf.Informer()); err != nil {
+	if err := watchInformers(ctx, f, "services and endpointslices", map[cache.SharedIndexInformer]cache.ResourceEventHandler{
+		svcInf.Informer(): st.serviceHandler(), esInf.Informer(): st.sliceHandler(),
+	}); err != nil {
 		return err
 	}
 	if nodeName != "" {
 		defer nf.Shutdown()
-		if err := startInformers(ctx, nf, changed, "this node", nodeInf.Informer()); err != nil {
+		if err := watchInformers(ctx, nf, "this node", map[cache.SharedIndexInformer]cache.ResourceEventHandler{nodeInf.Informer(): st.nodeHandler()}); err != nil {
 			return err
 		}
 	} else {
 		log.Warn("kubernetes services without this node's name (--node-name or NODE_NAME): internalTrafficPolicy: Local services get no endpoints, topology hints are not used")
 	}
 	log.Info("kubernetes source synced")
-	changed()
+	st.mark(true)
+	var retry <-chan time.Time
+	backoff := time.Second
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-kick:
-		}
-		// Let a burst of events settle into one apply.
-		if !settle(ctx, kick, quiet) {
-			return nil
-		}
-		mu.Lock()
-		since := first
-		first = time.Time{}
-		mu.Unlock()
-		svcs, err := svcInf.Lister().List(labels.Everything())
-		if err != nil {
-			return err
-		}
-		slices, err := esInf.Lister().List(labels.Everything())
-		if err != nil {
-			return err
-		}
-		node := Node{Name: nodeName}
-		if nodeName != "" {
-			if n, err := nodeInf.Lister().Get(nodeName); err == nil {
-				node.Zone = n.Labels[corev1.LabelTopologyZone]
-				node.Addrs = nodeAddrs(n)
+		case <-st.kick:
+			// Let a burst of events settle into one apply.
+			if !settle(ctx, st.kick, quiet) {
+				return nil
 			}
+		case <-retry:
 		}
-		built, ignored, notes := Build(svcs, slices, node)
+		retry = nil
+		keys, since, err := st.take()
+		if err != nil {
+			return err
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		changes, notes, err := st.build(keys, nodeOf(nodeInf.Lister(), nodeName))
+		if err != nil {
+			return err
+		}
 		for _, n := range notes {
 			log.Debug("kubernetes source", "note", n)
 		}
-		// Each Service stands alone: one that cannot be served is
-		// skipped and reported, the others apply.
-		set, skipped := service.Partition(built, budget)
-		for _, sk := range skipped {
-			log.Warn("kubernetes service skipped", "service", sk.Service, "reason", sk.Reason)
+		for _, o := range changes {
+			// Each Service stands alone: one that cannot be
+			// served is skipped and reported, the others apply.
+			if o.Skipped != nil && !o.Skipped.Ignored {
+				log.Warn("kubernetes service skipped", "service", o.Key, "reason", o.Skipped.Reason)
+			}
 		}
-		skipped = append(skipped, ignored...)
-		goslices.SortFunc(skipped, func(a, b service.Skipped) int { return cmp.Compare(a.Service, b.Service) })
-		if err := apply(set, skipped, since); err != nil {
-			log.Error("applying kubernetes services", "err", err)
+		if err := apply(ServiceChanges{Changes: changes, Whole: st.part.Snapshot}, since); err != nil {
+			log.Error("applying kubernetes services", "err", err, "retry_in", backoff)
+			retry = time.After(backoff)
+			backoff = min(2*backoff, 30*time.Second)
 			continue
 		}
-		log.Info("kubernetes services applied", "services", len(set.Services), "skipped", len(skipped), "latency", time.Since(since))
+		backoff = time.Second
+		log.Info("kubernetes services applied", "changed", len(changes), "services_built", len(keys), "latency", time.Since(since))
 	}
 }
 

@@ -56,37 +56,63 @@ func ApplyServices(dp *datapath.Datapath, name string, set *service.Set, skipped
 	// The datapath diffs against what it last programmed, unless
 	// another applier (another process) has written since: the record
 	// it left is then not the one this datapath tagged.
-	recorded := filepath.Join(dir, servicesFile)
-	if tag := fileTag(recorded); tag == "" || tag != dp.ServiceMirrorTag() {
+	if tag := recordTag(dir); tag == "" || tag != dp.ServiceMirrorTag() {
 		dp.ForgetServiceMirror()
 	}
+	return applyWhole(dp, dir, set, skipped)
+}
+
+// applyWhole applies set and records it (whole: the journal of updates
+// goes), under the apply lock.
+func applyWhole(dp *datapath.Datapath, dir string, set *service.Set, skipped []service.Skipped) (datapath.ApplyStats, error) {
 	st, err := dp.ApplyServices(set)
 	if err != nil {
 		return st, fmt.Errorf("applying services: %w", err)
 	}
-	stale, err := dp.StaleSockets(st)
-	if err != nil {
+	if err := destroyStale(dp, &st); err != nil {
 		return st, err
+	}
+	if err := recordWhole(dir, set, skipped); err != nil {
+		dp.ForgetServiceMirror()
+		return st, err
+	}
+	dp.SetServiceMirrorTag(recordTag(dir))
+	return st, nil
+}
+
+// destroyStale destroys the connected sockets of the backends an apply
+// removed, so that their clients reconnect to a live one.
+func destroyStale(dp *datapath.Datapath, st *datapath.ApplyStats) error {
+	stale, err := dp.StaleSockets(*st)
+	if err != nil {
+		return err
 	}
 	if len(stale) > 0 {
 		n, err := sockdiag.DestroyAll(diagTargets(stale))
 		st.Destroyed = n
 		if err != nil {
-			return st, fmt.Errorf("destroying sockets of removed backends: %w", err)
+			return fmt.Errorf("destroying sockets of removed backends: %w", err)
 		}
 	}
-	if err := writeJSONFile(recorded, set.Services); err != nil {
-		dp.ForgetServiceMirror()
-		return st, fmt.Errorf("recording services: %w", err)
+	return nil
+}
+
+// recordWhole writes the record of the services applied and skipped
+// (the journal first goes: a record never takes an older journal).
+func recordWhole(dir string, set *service.Set, skipped []service.Skipped) error {
+	if err := os.Remove(filepath.Join(dir, serviceLogFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("recording services: %w", err)
 	}
-	dp.SetServiceMirrorTag(fileTag(recorded))
+	if err := writeJSONFile(filepath.Join(dir, servicesFile), set.Services); err != nil {
+		return fmt.Errorf("recording services: %w", err)
+	}
 	if skipped == nil {
 		skipped = []service.Skipped{}
 	}
 	if err := writeJSONFile(filepath.Join(dir, skippedFile), skipped); err != nil {
-		return st, fmt.Errorf("recording skipped services: %w", err)
+		return fmt.Errorf("recording skipped services: %w", err)
 	}
-	return st, nil
+	return nil
 }
 
 const skippedFile = "skipped.json"
@@ -116,35 +142,15 @@ func writeJSONFile(path string, v any) error {
 
 // SkippedServices reads the services the last apply left out.
 func SkippedServices(name string) ([]service.Skipped, error) {
-	b, err := os.ReadFile(filepath.Join(StateDir(name), skippedFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading skipped services: %w", err)
-	}
-	var out []service.Skipped
-	if err := json.Unmarshal(b, &out); err != nil {
-		return nil, fmt.Errorf("reading skipped services: %w", err)
-	}
-	return out, nil
+	_, skipped, err := readRecord(StateDir(name))
+	return skipped, err
 }
 
 // AppliedServices returns the set last applied to instance name (empty if
 // none).
 func AppliedServices(name string) ([]*service.Service, error) {
-	b, err := os.ReadFile(filepath.Join(StateDir(name), servicesFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading applied services: %w", err)
-	}
-	var out []*service.Service
-	if err := json.Unmarshal(b, &out); err != nil {
-		return nil, fmt.Errorf("reading applied services: %w", err)
-	}
-	return out, nil
+	svcs, _, err := readRecord(StateDir(name))
+	return svcs, err
 }
 
 // lockFile takes an exclusive lock on path, waiting for other holders.

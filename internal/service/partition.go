@@ -90,15 +90,11 @@ func Partition(svcs []*Service, budget Budget) (*Set, []Skipped) {
 		}
 		nf, ns, nt := s.cost()
 		if budget.Frontends > 0 && usedFronts+nf > budget.Frontends || budget.BackendSlots > 0 && usedSlots+ns > budget.BackendSlots {
-			skipped = append(skipped, Skipped{Service: s.Key(), Reason: fmt.Sprintf(
-				"the node's service tables are full: it needs %d frontends and %d backend slots; %d of %d and %d of %d are taken by the services before it",
-				nf, ns, usedFronts, budget.Frontends, usedSlots, budget.BackendSlots)})
+			skipped = append(skipped, Skipped{Service: s.Key(), Reason: roomReason(nf, ns, usedFronts, usedSlots, budget)})
 			continue
 		}
 		if budget.MaglevTables > 0 && usedTables+nt > budget.MaglevTables {
-			skipped = append(skipped, Skipped{Service: s.Key(), Reason: fmt.Sprintf(
-				"the node's Maglev tables are full: it needs %d; %d of %d are taken by the services before it (use selection: Random)",
-				nt, usedTables, budget.MaglevTables)})
+			skipped = append(skipped, Skipped{Service: s.Key(), Reason: maglevReason(nt, usedTables, budget)})
 			continue
 		}
 		usedFronts += nf
@@ -112,6 +108,16 @@ func Partition(svcs []*Service, budget Budget) (*Set, []Skipped) {
 	}
 	slices.SortFunc(skipped, func(a, b Skipped) int { return cmp.Compare(a.Service, b.Service) })
 	return set, skipped
+}
+
+func roomReason(nf, ns, usedF, usedS int, budget Budget) string {
+	return fmt.Sprintf("the node's service tables are full: it needs %d frontends and %d backend slots; %d of %d and %d of %d are taken by the services before it",
+		nf, ns, usedF, budget.Frontends, usedS, budget.BackendSlots)
+}
+
+func maglevReason(nt, usedT int, budget Budget) string {
+	return fmt.Sprintf("the node's Maglev tables are full: it needs %d; %d of %d are taken by the services before it (use selection: Random)",
+		nt, usedT, budget.MaglevTables)
 }
 
 // reasonOf writes one service's validation errors without the position

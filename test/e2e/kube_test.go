@@ -378,10 +378,27 @@ func TestKubeServices(t *testing.T) {
 	if !strings.Contains(logs.String(), "kubernetes services applied") || !strings.Contains(logs.String(), "latency=") {
 		t.Errorf("agent log lacks the programming latency:\n%s", logs.String())
 	}
+	// The first apply is whole; the endpoint change and the deletion
+	// each build their one Service and are applied as an update (what
+	// `svc list` read above came through the record's journal).
+	whole, updates, single := 0, 0, 0
 	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, "kubernetes services applied") {
 			t.Log(l[strings.Index(l, "msg="):])
+			if strings.Contains(l, " services_built=1 ") && strings.Contains(l, " changed=1 ") {
+				single++
+			}
 		}
+		if strings.Contains(l, "services programmed") {
+			if strings.Contains(l, "whole=true") {
+				whole++
+			} else if strings.Contains(l, "whole=false") {
+				updates++
+			}
+		}
+	}
+	if whole != 1 || updates < 2 || single < 2 {
+		t.Errorf("%d whole applies, %d updates, %d single-service builds; want 1 whole apply then updates of one Service each", whole, updates, single)
 	}
 }
 
