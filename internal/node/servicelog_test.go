@@ -24,21 +24,7 @@ import (
 // written by anybody else (another applier, a hand on the journal) makes
 // the next update apply the whole set.
 func TestServiceJournal(t *testing.T) {
-	testutil.RequireRoot(t)
-	if err := bpffs.Ensure(bpffs.DefaultPath); err != nil {
-		t.Fatal(err)
-	}
-	name := fmt.Sprintf("sltest-journal-%d", os.Getpid())
-	cfg := datapath.Config{PinDir: filepath.Join(bpffs.DefaultPath, name), Settings: datapath.DefaultSettings()}
-	dp, err := datapath.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		dp.Close()
-		_ = dp.Remove()
-		_ = os.RemoveAll(StateDir(name))
-	})
+	dp, cfg, name := serviceDatapath(t, "journal")
 	dir := StateDir(name)
 	rng := rand.New(rand.NewPCG(3, 4))
 	part := service.NewPartitioner(service.Budget{})
@@ -153,24 +139,11 @@ func TestServiceJournal(t *testing.T) {
 // as a whole apply of the same set, interleaved; the update leaves the
 // whole record alone and the record reads back the same either way.
 func TestServiceUpdateCost(t *testing.T) {
-	testutil.RequireRoot(t)
-	if err := bpffs.Ensure(bpffs.DefaultPath); err != nil {
-		t.Fatal(err)
-	}
 	n := 10000
 	if testing.Short() {
 		n = 1000
 	}
-	name := fmt.Sprintf("sltest-cost-%d", os.Getpid())
-	dp, err := datapath.Open(datapath.Config{PinDir: filepath.Join(bpffs.DefaultPath, name), Settings: datapath.DefaultSettings()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		dp.Close()
-		_ = dp.Remove()
-		_ = os.RemoveAll(StateDir(name))
-	})
+	dp, _, name := serviceDatapath(t, "cost")
 	mk := func(i int, b byte) *service.Service {
 		return &service.Service{Name: fmt.Sprintf("s%05d", i), VIPs: []netip.Addr{netip.AddrFrom4([4]byte{198, 19, byte((i + 1) >> 8), byte(i + 1)})},
 			Ports:    []service.Port{{Port: 80}},
@@ -218,6 +191,28 @@ func TestServiceUpdateCost(t *testing.T) {
 	if err != nil || len(svcs) != n {
 		t.Fatalf("the record holds %d services (%v), want %d", len(svcs), err, n)
 	}
+}
+
+// serviceDatapath is a datapath of its own and its state directory, both
+// removed when the test ends.
+func serviceDatapath(t *testing.T, what string) (*datapath.Datapath, datapath.Config, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if err := bpffs.Ensure(bpffs.DefaultPath); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("sltest-%s-%d", what, os.Getpid())
+	cfg := datapath.Config{PinDir: filepath.Join(bpffs.DefaultPath, name), Settings: datapath.DefaultSettings()}
+	dp, err := datapath.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dp.Close()
+		_ = dp.Remove()
+		_ = os.RemoveAll(StateDir(name))
+	})
+	return dp, cfg, name
 }
 
 func jsonOf(t *testing.T, v any) string {
