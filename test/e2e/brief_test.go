@@ -97,15 +97,25 @@ func TestBriefConnections(t *testing.T) {
 			// A long connection (200 round trips) once SL_BRIEF_PROBE_NS
 			// passed without one joining: it joins as a probe, is not
 			// brief, and resets what the destination learned.
-			time.Sleep(probeWait)
-			before = in.Counters()
-			run(t, cli, time.Minute, in.Bin, "peer", "pingpong", target.String(), "--size", "64", "--count", "200", "--warmup", "0")
-			d = testutil.Delta(before, in.Counters())
+			// A client whose first send beats its server's accept
+			// stays on TCP (peer_not_ready, seen on an emulated CPU):
+			// it is tried again, the probe time later.
+			long := func() map[string]uint64 {
+				for try := 1; ; try++ {
+					time.Sleep(probeWait)
+					before := in.Counters()
+					run(t, cli, time.Minute, in.Bin, "peer", "pingpong", target.String(), "--size", "64", "--count", "200", "--warmup", "0")
+					d := testutil.Delta(before, in.Counters())
+					if try == 3 || d["conns_bypassed"] != 0 || d["fallback_peer_not_ready"] != 1 {
+						return d
+					}
+					t.Logf("the long connection's first send beat its server's accept (%s): again", nonzero(d))
+				}
+			}
+			d = long()
 			mustEqual(t, d, "conns_bypassed", 1)
 			waitFor(t, func() bool { return len(briefDests(t, in)) == 0 })
-			before = in.Counters()
-			run(t, cli, time.Minute, in.Bin, "peer", "pingpong", target.String(), "--size", "64", "--count", "200", "--warmup", "0")
-			d = testutil.Delta(before, in.Counters())
+			d = long()
 			mustEqual(t, d, "conns_bypassed", 1)
 			mustEqual(t, d, "fallback_brief", 0)
 			mustAtLeast(t, d, "redirect_bytes", 2*200*64)
