@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/bench/bare"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/peer"
@@ -42,6 +43,9 @@ const (
 	PathTCP    = "tcp"    // bypass detached: the kernel's TCP/IP stack
 	PathBypass = "bypass" // socklane attached
 	PathUnix   = "unix"   // AF_UNIX stream socket, same processes' pods
+	// PathBare is the reference: the bare sockmap redirect (package
+	// bare: sock_ops + sk_msg, nothing else), socklane detached.
+	PathBare = "bare"
 )
 
 // Scenarios: where the client runs relative to the server.
@@ -122,12 +126,15 @@ func DefaultPlacements() []Placement {
 type Sample struct {
 	Mean, P50, P99, P999, Max float64 // microseconds (latency kinds)
 	MBps, MsgRate             float64 // throughput
-	Redirected                uint64  // messages the datapath redirected during the run
+	Redirected                uint64  // messages the path's datapath (socklane's, or the bare redirect) redirected during the run
 	ProgramMs                 float64 `json:",omitempty"` // services: time to program them
 	BindUs                    float64 `json:",omitempty"` // ports: mean socket + bind + close, microseconds
 	// BacklogFallbacks: bypassed directions that moved to TCP during the
 	// run because their receiver fell behind (fallback_backlog).
 	BacklogFallbacks uint64 `json:",omitempty"`
+	// BareMissed: sends of the bare path whose peer was not in its map
+	// (they went over TCP).
+	BareMissed uint64 `json:",omitempty"`
 }
 
 // Case is one measurement at one size and placement, all repetitions.
@@ -158,9 +165,9 @@ func (c *Case) Paths() []string {
 		return []string{PathIptables, PathSockLB, PathDirect}
 	}
 	if c.Tool != "" {
-		return []string{PathTCP, PathBypass}
+		return []string{PathTCP, PathBypass, PathBare}
 	}
-	return []string{PathTCP, PathBypass, PathUnix}
+	return []string{PathTCP, PathBypass, PathBare, PathUnix}
 }
 
 // ProgStat is the kernel's run-time statistics of one program.
@@ -269,7 +276,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	defer os.RemoveAll(sockDir)
 
-	r := &runner{o: o, self: self, client: client, server: server, host: host, dp: dp, ctx: ctx}
+	ref, err := bare.Load()
+	if err != nil {
+		return nil, err
+	}
+	defer ref.Close()
+
+	r := &runner{o: o, self: self, client: client, server: server, host: host, dp: dp, bare: ref, ctx: ctx}
 	if slices.Contains(o.Kinds, Services) {
 		if r.backends, err = serviceBackends(server); err != nil {
 			return nil, err
@@ -306,7 +319,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			rep.BPFStats = true
 		}
 	}
-	progBefore := progStats(dp)
+	progBefore := progStats(dp, ref)
 
 	for _, sc := range o.Scenarios {
 		rep.Scenarios[sc] = scenarioText[sc]
@@ -337,14 +350,16 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	if rep.BPFStats {
-		rep.Programs = progDelta(progBefore, progStats(dp))
+		rep.Programs = progDelta(progBefore, progStats(dp, ref))
 	}
 	return rep, nil
 }
 
-func progStats(dp *datapath.Datapath) map[string]ProgStat {
+// progStats are the run-time statistics of socklane's programs and the
+// bare redirect's.
+func progStats(dp *datapath.Datapath, ref *bare.Path) map[string]ProgStat {
 	out := map[string]ProgStat{}
-	for _, p := range dp.Programs() {
+	for _, p := range append(dp.Programs(), ref.Programs()...) {
 		info, err := p.Info()
 		if err != nil {
 			continue

@@ -37,6 +37,26 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2f", a/b)
 }
 
+// pairRatio is a/b over the interleaved repetitions (the samples at one
+// index ran one after the other): their median and spread, "-" when
+// either path has no sample.
+func (c *Case) pairRatio(a, b string, f func(Sample) float64) string {
+	as, bs := c.Samples[a], c.Samples[b]
+	var v []float64
+	for i := range min(len(as), len(bs)) {
+		if d := f(bs[i]); d != 0 {
+			v = append(v, f(as[i])/d)
+		}
+	}
+	if len(v) == 0 {
+		return "-"
+	}
+	if len(v) == 1 {
+		return fmt.Sprintf("%.2f", v[0])
+	}
+	return fmt.Sprintf("%.2f (%.2f-%.2f)", median(v), slices.Min(v), slices.Max(v))
+}
+
 // Markdown writes the report's tables.
 func (r *Report) Markdown(w io.Writer) {
 	if r.Sync != nil {
@@ -64,21 +84,23 @@ func (r *Report) Markdown(w io.Writer) {
 				}
 				fmt.Fprintf(w, "\n### %s, %s, %s\n\n", title(kind), sc, pl)
 				if kind == Throughput {
-					fmt.Fprintln(w, "| size (B) | TCP MB/s | bypass MB/s | AF_UNIX MB/s | bypass / TCP | bypass / AF_UNIX |")
-					fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
+					fmt.Fprintln(w, "| size (B) | TCP MB/s | bypass MB/s | bare MB/s | AF_UNIX MB/s | bypass / TCP | bare / TCP | bypass / bare (range) | bypass / AF_UNIX |")
+					fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 					for _, c := range rows {
-						t, b, u := c.Median(PathTCP, mbps), c.Median(PathBypass, mbps), c.Median(PathUnix, mbps)
-						fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s |\n", c.Size, t, b, u, ratio(b, t), ratio(b, u))
+						t, b, x, u := c.Median(PathTCP, mbps), c.Median(PathBypass, mbps), c.Median(PathBare, mbps), c.Median(PathUnix, mbps)
+						fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %s |\n", c.Size, t, b, x, u, ratio(b, t), ratio(x, t),
+							c.pairRatio(PathBypass, PathBare, mbps), ratio(b, u))
 					}
 					continue
 				}
 				// The p50 ratio beside the mean's: a few stalls of a
 				// millisecond move a mean of 150 us by several percent.
-				fmt.Fprintln(w, "| size (B) | TCP mean us | bypass mean us | AF_UNIX mean us | bypass / TCP | bypass / AF_UNIX | bypass / TCP p50 | TCP p99.9 us | bypass p99.9 us |")
-				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+				fmt.Fprintln(w, "| size (B) | TCP mean us | bypass mean us | bare mean us | AF_UNIX mean us | bypass / TCP | bare / TCP | bypass / bare (range) | bypass / AF_UNIX | bypass / TCP p50 | TCP p99.9 us | bypass p99.9 us |")
+				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 				for _, c := range rows {
-					t, b, u := c.Median(PathTCP, mean), c.Median(PathBypass, mean), c.Median(PathUnix, mean)
-					fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s | %s | %.1f | %.1f |\n", c.Size, t, b, u, ratio(b, t), ratio(b, u),
+					t, b, x, u := c.Median(PathTCP, mean), c.Median(PathBypass, mean), c.Median(PathBare, mean), c.Median(PathUnix, mean)
+					fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %s | %s | %.1f | %.1f |\n", c.Size, t, b, x, u, ratio(b, t), ratio(x, t),
+						c.pairRatio(PathBypass, PathBare, mean), ratio(b, u),
 						ratio(c.Median(PathBypass, p50), c.Median(PathTCP, p50)), c.Median(PathTCP, p999), c.Median(PathBypass, p999))
 				}
 			}
@@ -205,17 +227,17 @@ func (r *Report) toolMarkdown(w io.Writer) {
 					unit, f = "MB/s", mbps
 				}
 				fmt.Fprintf(w, "\n### %s %s, pod-to-pod, %s\n\n", tool, kind, pl)
-				fmt.Fprintf(w, "| size (B) | TCP %s | bypass %s | bypass / TCP | socklane client bypass / TCP |\n", unit, unit)
-				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|")
+				fmt.Fprintf(w, "| size (B) | TCP %s | bypass %s | bare %s | bypass / TCP | bare / TCP | bypass / bare (range) | socklane client bypass / TCP |\n", unit, unit, unit)
+				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
 				for _, c := range rows {
-					t, b := c.Median(PathTCP, f), c.Median(PathBypass, f)
+					t, b, x := c.Median(PathTCP, f), c.Median(PathBypass, f), c.Median(PathBare, f)
 					own := "-"
 					for _, o := range r.rows("", kind, PodToPod, pl) {
 						if o.Size == c.Size {
 							own = ratio(o.Median(PathBypass, f), o.Median(PathTCP, f))
 						}
 					}
-					fmt.Fprintf(w, "| %d | %.1f | %.1f | %s | %s |\n", c.Size, t, b, ratio(b, t), own)
+					fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s | %s | %s |\n", c.Size, t, b, x, ratio(b, t), ratio(x, t), c.pairRatio(PathBypass, PathBare, f), own)
 				}
 			}
 		}

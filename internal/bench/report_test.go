@@ -57,3 +57,27 @@ func TestMarkdownNotes(t *testing.T) {
 		})
 	}
 }
+
+// TestPairRatio: bypass against the bare redirect is a ratio per
+// interleaved repetition, reported as their median and spread.
+func TestPairRatio(t *testing.T) {
+	c := &Case{Kind: Latency, Size: 64, Placement: "cross-cpu", Scenario: PodToPod, Samples: map[string][]Sample{}}
+	for i, b := range []float64{10, 30, 20} {
+		c.Samples[PathTCP] = append(c.Samples[PathTCP], Sample{Mean: 40})
+		c.Samples[PathBypass] = append(c.Samples[PathBypass], Sample{Mean: b})
+		c.Samples[PathBare] = append(c.Samples[PathBare], Sample{Mean: []float64{10, 10, 20}[i]})
+		c.Samples[PathUnix] = append(c.Samples[PathUnix], Sample{Mean: 5})
+	}
+	if got := c.pairRatio(PathBypass, PathBare, mean); got != "1.00 (1.00-3.00)" {
+		t.Errorf("pair ratio %q, want the median 1.00 of 1, 3, 1 and their spread", got)
+	}
+	var b bytes.Buffer
+	(&Report{Cases: []*Case{c}}).Markdown(&b)
+	if want := "| 64 | 40.0 | 20.0 | 10.0 | 5.0 | 0.50 | 0.25 | 1.00 (1.00-3.00) | 4.00 |"; !strings.Contains(b.String(), want) {
+		t.Errorf("missing %q in:\n%s", want, b.String())
+	}
+	delete(c.Samples, PathBare)
+	if got := c.pairRatio(PathBypass, PathBare, mean); got != "-" {
+		t.Errorf("without bare samples: %q, want -", got)
+	}
+}

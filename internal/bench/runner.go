@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/socklane/socklane/internal/bench/bare"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/sockdiag"
@@ -34,6 +35,7 @@ type runner struct {
 	client, server *testbed.Pod
 	host           *testbed.Pod
 	dp             *datapath.Datapath
+	bare           *bare.Path // the reference path, attached for its samples only
 	ctx            context.Context
 	servers        []*exec.Cmd
 	addrs          []serverAddrs
@@ -212,8 +214,9 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	if c.Kind == Ports {
 		return r.measurePorts(c, path)
 	}
+	pods := []*testbed.Pod{r.client, r.server, r.host}
 	if path == PathBypass {
-		for _, p := range []*testbed.Pod{r.client, r.server, r.host} {
+		for _, p := range pods {
 			if _, err := r.dp.Attach(p.Cgroup, p.CgroupID); err != nil {
 				return Sample{}, err
 			}
@@ -221,7 +224,19 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	} else if _, err := r.dp.DetachAll(); err != nil {
 		return Sample{}, err
 	}
+	if path == PathBare {
+		for _, p := range pods {
+			if err := r.bare.Attach(p.Cgroup); err != nil {
+				return Sample{}, errors.Join(err, r.bare.Detach())
+			}
+		}
+		defer func() { _ = r.bare.Detach() }()
+	}
 	before, err := r.dp.Counters()
+	if err != nil {
+		return Sample{}, err
+	}
+	bareBefore, err := r.bare.Counts()
 	if err != nil {
 		return Sample{}, err
 	}
@@ -238,14 +253,28 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	if err != nil {
 		return s, err
 	}
+	bareAfter, err := r.bare.Counts()
+	if err != nil {
+		return s, err
+	}
 	d := after.Since(before)
-	s.Redirected = d.Get(datapath.CounterRedirectMsgs)
+	ours := d.Get(datapath.CounterRedirectMsgs)
+	theirs := bareAfter.Redirected - bareBefore.Redirected
 	s.BacklogFallbacks = d.Get(datapath.CounterFallbackBacklog)
+	s.Redirected = ours
+	if path == PathBare {
+		s.Redirected, s.BareMissed = theirs, bareAfter.Missed-bareBefore.Missed
+	}
 	switch {
-	case path == PathBypass && s.Redirected == 0:
+	case path == PathBypass && ours == 0:
 		return s, errors.New("bypass attached, yet no message was redirected")
-	case path != PathBypass && s.Redirected != 0:
-		return s, fmt.Errorf("bypass detached, yet %d messages were redirected", s.Redirected)
+	case path != PathBypass && ours != 0:
+		return s, fmt.Errorf("bypass detached, yet %d messages were redirected", ours)
+	case path == PathBare && theirs == 0:
+		return s, fmt.Errorf("bare redirect attached, yet no message was redirected (%d sends found no peer; %d sockets joined, %d refused)",
+			s.BareMissed, bareAfter.Joined-bareBefore.Joined, bareAfter.JoinFailed-bareBefore.JoinFailed)
+	case path != PathBare && theirs != 0:
+		return s, fmt.Errorf("bare redirect detached, yet it redirected %d messages", theirs)
 	}
 	return s, nil
 }

@@ -82,7 +82,7 @@ func TestBench(t *testing.T) {
 				t.Errorf("%s%s %d %s %s %s: %d samples, want 2", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, len(ss))
 			}
 			for _, s := range ss {
-				if (path == bench.PathBypass) != (s.Redirected > 0) {
+				if (path == bench.PathBypass || path == bench.PathBare) != (s.Redirected > 0) {
 					t.Errorf("%s%s %d %s %s %s: %d messages redirected", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, s.Redirected)
 				}
 				if c.Kind == bench.Policies && ((s.ProgramMs > 0) != (path == bench.PathPolicies) || s.MBps == 0 || s.Mean == 0) {
