@@ -95,8 +95,11 @@ func (f Features) Decided(s Settings) []string {
 	if !s.Bypass.On() && !f.PsockMsgTotLen {
 		out = append(out, "bypass off: this kernel's sk_psock does not count queued bytes, so a slower reader gets no backpressure (its sender's writes fail with ENOMEM once TCP memory is under pressure); --bypass on bypasses anyway")
 	}
-	if !s.BypassBlocking.On() && f.Has(sockbugs.BlockingEAGAIN) {
-		out = append(out, "connections with a blocking reader stay on TCP: this kernel answers a blocking read interrupted by a signal with EAGAIN (blocking_read_eagain); --blocking-sockets bypass bypasses them anyway")
+	switch {
+	case s.BypassBlocking == ModeProcess && f.Has(sockbugs.BlockingEAGAIN):
+		out = append(out, "connections with a blocking reader whose process handles a signal that can interrupt its read stay on TCP: this kernel answers such a read with EAGAIN (blocking_read_eagain); other blocking readers are bypassed; --blocking-sockets bypass bypasses them all, tcp none")
+	case s.BypassBlocking == ModeOff && f.Has(sockbugs.BlockingEAGAIN):
+		out = append(out, "connections with a blocking reader stay on TCP (--blocking-sockets tcp): this kernel answers a blocking read interrupted by a signal with EAGAIN (blocking_read_eagain); per-process bypasses those whose process handles no such signal")
 	}
 	return out
 }

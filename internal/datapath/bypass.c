@@ -32,6 +32,7 @@ const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
 #include "sl_maps.h"
 #include "sl_event_maps.h"
 #include "sl_kernel.h"
+#include "sl_signals.h"
 #include "sl_conn.h"
 #include "sl_brief.h"
 #include "sl_capture.h"
@@ -54,6 +55,8 @@ struct sl_enums {
 	enum sl_defaults defaults;
 	enum sl_cap_limits cap_limits;
 	enum sl_mode mode;
+	enum sl_signals signals;
+	enum sl_sig_mask sig_mask;
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
 
@@ -133,13 +136,15 @@ static __always_inline void listener_of(struct sl_conn *c, struct sl_listener *l
  * (server): a listener not recorded at listen() (listening before socklane
  * was attached, or refused over its owner's quota then) is recorded now,
  * charged to the server's owner. */
-static __always_inline void learn_listener(struct sl_listener *l, int blocking, struct sock *server)
+static __always_inline void learn_listener(struct sl_listener *l, int blocking, struct sock *server, __u8 sig)
 {
 	__u32 mode = blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING;
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, l);
 	if (v) {
 		if (v->info.accepted != mode)
 			v->info.accepted = mode;
+		if (sig && v->info.signals != sig)
+			v->info.signals = sig;
 		return;
 	}
 	__u64 owner = sock_owner(server);
@@ -147,29 +152,31 @@ static __always_inline void learn_listener(struct sl_listener *l, int blocking, 
 		count(SL_C_LISTENER_QUOTA, 1);
 		return;
 	}
-	struct sl_listener_val nv = {.info = {.owner = owner, .accepted = mode}};
+	struct sl_listener_val nv = {.info = {.owner = owner, .accepted = mode, .signals = sig}};
 	if (bpf_map_update_elem(&sl_listeners, l, &nv, BPF_NOEXIST))
 		owner_release(owner, SL_HOLD_LISTENERS);
 }
 
-static __always_inline void note_listener(struct sl_conn *c, __u32 slot, int blocking)
+static __always_inline void note_listener(struct sl_conn *c, __u32 slot, int blocking, __u8 sig)
 {
 	struct sl_listener l;
 	listener_of(c, &l);
-	learn_listener(&l, blocking, member_sock(slot, SL_ROLE_SERVER));
+	learn_listener(&l, blocking, member_sock(slot, SL_ROLE_SERVER), sig);
 }
 
 /* What the server's listener predicts for a socket not yet accepted: 1
  * blocking, 0 non-blocking, -1 not known (the listener was not recorded:
  * the connection is kept on TCP, the safe side, and the listener learned
- * from the socket it hands out). */
-static __always_inline int listener_blocks(struct sl_conn *c)
+ * from the socket it hands out). *sig is the enum sl_signals it knows of
+ * its server's process. */
+static __always_inline int listener_blocks(struct sl_conn *c, __u8 *sig)
 {
 	struct sl_listener l;
 	listener_of(c, &l);
 	struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
 	if (!v)
 		return -1;
+	*sig = v->info.signals;
 	if (v->info.accepted != SL_ACCEPTED_UNKNOWN)
 		return v->info.accepted == SL_ACCEPTED_BLOCKING;
 	if (sl_settings.listener_kptr && v->sk)
@@ -184,14 +191,32 @@ static __always_inline int listener_blocks(struct sl_conn *c)
  * listening socket's own mode (event-driven servers listen non-blocking,
  * blocking servers block in accept). A listener that predates socklane is
  * assumed non-blocking. */
-static __always_inline int server_blocks(struct sl_conn *c, __u32 slot)
+static __always_inline int server_blocks(struct sl_conn *c, __u32 slot, __u8 *sig)
 {
 	int b = sock_blocking(member_sock(slot, SL_ROLE_SERVER));
 	if (b >= 0) {
-		note_listener(c, slot, b);
+		note_listener(c, slot, b, SL_SIG_UNKNOWN);
+		*sig = c->signals[SL_ROLE_SERVER];
+		if (!*sig)
+			listener_blocks(c, sig);
 		return b;
 	}
-	return listener_blocks(c) != 0;
+	return listener_blocks(c, sig) != 0;
+}
+
+/* Whether an end that reads in blocking mode (blocking 1), of a process
+ * with the enum sl_signals sig, keeps its connection on TCP: always under
+ * --blocking-sockets tcp, never under bypass, and per process unless its
+ * process handles no signal that can interrupt a read. */
+static __always_inline int blocking_keeps_tcp(int blocking, __u8 sig)
+{
+	if (blocking != 1 || sl_settings.bypass_blocking == SL_MODE_ON)
+		return 0;
+	if (sl_settings.bypass_blocking == SL_MODE_PROCESS && sig == SL_SIG_QUIET) {
+		count(SL_C_BLOCKING_QUIET, 1);
+		return 0;
+	}
+	return 1;
 }
 
 static __always_inline void set_flags(struct bpf_sock_ops *skops, int add, int clear)
@@ -261,6 +286,8 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	c->tcp_bytes[0] = c->tcp_bytes[1] = 0;
 	c->path[0] = c->path[1] = SL_PATH_UNDECIDED;
 	c->reason[0] = c->reason[1] = 0;
+	c->signals[SL_ROLE_CLIENT] = st->signals;
+	c->signals[SL_ROLE_SERVER] = SL_SIG_UNKNOWN;
 	c->cookie[SL_ROLE_CLIENT] = bpf_get_socket_cookie(skops);
 	c->owner = owner;
 	c->cookie[SL_ROLE_SERVER] = 0;
@@ -355,8 +382,11 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	 * joins means its first read never runs in the sockmap's receive path.
 	 * A listener not known keeps it on TCP too, and is learned from this
 	 * socket at its first transmit after accept(). */
-	int lb = sl_settings.bypass_blocking != SL_MODE_ON ? listener_blocks(c) : 0;
-	if (sl_settings.bypass_blocking != SL_MODE_ON && (sock_blocking(member_sock(slot, SL_ROLE_CLIENT)) == 1 || lb)) {
+	__u8 lsig = SL_SIG_UNKNOWN;
+	int lb = sl_settings.bypass_blocking != SL_MODE_ON ? listener_blocks(c, &lsig) : 0;
+	c->signals[SL_ROLE_SERVER] = lsig;
+	if (lb < 0 || blocking_keeps_tcp(sock_blocking(member_sock(slot, SL_ROLE_CLIENT)), c->signals[SL_ROLE_CLIENT]) ||
+	    blocking_keeps_tcp(lb, lsig)) {
 		__u32 why = lb < 0 ? SL_C_FALLBACK_NO_LISTENER : SL_C_FALLBACK_BLOCKING;
 		if (lb < 0) {
 			st->learn = 1;
@@ -392,6 +422,21 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	count(SL_C_CONNS_BYPASSED, 1);
 	conn_event(c, SL_EV_BYPASS, 0, 0, SL_ROLE_SERVER);
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
+}
+
+/* connect() runs in the client's process: a client reading in blocking
+ * mode has its process's signals read now, before its server can send to
+ * it (per-process mode). */
+static __always_inline void on_connect(struct bpf_sock_ops *skops)
+{
+	if (sl_settings.bypass_blocking != SL_MODE_PROCESS)
+		return;
+	struct bpf_sock *sk = skops->sk;
+	if (!sk || sock_blocking((struct sock *)bpf_skc_to_tcp_sock(sk)) != 1)
+		return;
+	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (st)
+		st->signals = process_signals();
 }
 
 static __always_inline void listener_key(struct bpf_sock_ops *skops, struct sl_listener *l)
@@ -431,6 +476,7 @@ static __always_inline void on_listen(struct bpf_sock_ops *skops)
 	}
 	pv->info.cookie = bpf_get_socket_cookie(skops);
 	pv->info.listened = listened;
+	pv->info.signals = sl_settings.bypass_blocking == SL_MODE_PROCESS ? process_signals() : SL_SIG_UNKNOWN;
 	if (sl_settings.listener_kptr)
 		pv->sk = lsk;
 	pv->info.accepted = SL_ACCEPTED_UNKNOWN;
@@ -522,7 +568,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 		if (b >= 0) {
 			struct sl_listener l;
 			listener_key(skops, &l);
-			learn_listener(&l, b, self);
+			learn_listener(&l, b, self, SL_SIG_UNKNOWN);
 			st->learn = 0;
 		}
 	}
@@ -587,6 +633,9 @@ int sl_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_TCP_LISTEN_CB:
 		on_listen(skops);
 		break;
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		on_connect(skops);
+		break;
 	case BPF_SOCK_OPS_STATE_CB:
 		if (skops->args[1] != BPF_TCP_CLOSE)
 			break;
@@ -639,10 +688,18 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 		/* An end that reads in blocking mode (the server, or the
 		 * client switched to blocking after connect(), as hiredis
 		 * does). */
-		if (sl_settings.bypass_blocking != SL_MODE_ON && (server_blocks(c, st->slot) ||
-				     (tp && sock_blocking((struct sock *)tp) == 1))) {
-			leave_for_blocking(st, c);
-			return;
+		if (sl_settings.bypass_blocking != SL_MODE_ON) {
+			__u8 ssig = SL_SIG_UNKNOWN, csig = SL_SIG_UNKNOWN;
+			int sb = server_blocks(c, st->slot, &ssig);
+			int cb = tp ? sock_blocking((struct sock *)tp) : -1;
+			/* Read again where the client runs: its process may
+			 * have changed its handlers since connect(). */
+			if (cb == 1 && sl_settings.bypass_blocking == SL_MODE_PROCESS)
+				c->signals[SL_ROLE_CLIENT] = csig = process_signals();
+			if (blocking_keeps_tcp(sb, ssig) || blocking_keeps_tcp(cb, csig)) {
+				leave_for_blocking(st, c);
+				return;
+			}
 		}
 		st->path = SL_PATH_BYPASS;
 		c->path[SL_ROLE_CLIENT] = SL_PATH_BYPASS;
@@ -655,7 +712,7 @@ static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock 
 				     c->reason[SL_ROLE_SERVER] == SL_C_FALLBACK_NO_LISTENER)) {
 		int b = sock_blocking(member_sock(st->slot, SL_ROLE_SERVER));
 		if (b >= 0)
-			note_listener(c, st->slot, b);
+			note_listener(c, st->slot, b, SL_SIG_UNKNOWN);
 	}
 	/* The server did not join (remote, unmanaged, or not yet accepted):
 	 * the whole connection stays on TCP and the client leaves the map at
@@ -681,8 +738,13 @@ static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *
 	int b = sock_blocking((struct sock *)bpf_skc_to_tcp_sock(msg->sk));
 	if (b < 0)
 		return;
-	note_listener(c, st->slot, b);
-	if (b)
+	/* The server's process, where it runs: what its listener predicts
+	 * for the next connections too. */
+	__u8 sig = SL_SIG_UNKNOWN;
+	if (b == 1 && sl_settings.bypass_blocking == SL_MODE_PROCESS)
+		c->signals[SL_ROLE_SERVER] = sig = process_signals();
+	note_listener(c, st->slot, b, sig);
+	if (blocking_keeps_tcp(b, sig))
 		leave_for_blocking(st, c);
 }
 
@@ -848,7 +910,8 @@ int sl_seed_listener(struct sl_seed_args *a)
 		return 0;
 	}
 	struct sl_listener_val v = {
-		.info = {.owner = owner, .accepted = a->blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING},
+		.info = {.owner = owner, .accepted = a->blocking ? SL_ACCEPTED_BLOCKING : SL_ACCEPTED_NONBLOCKING,
+			 .signals = a->signals},
 	};
 	if (bpf_map_update_elem(&sl_listeners, &l, &v, BPF_NOEXIST)) {
 		owner_release(owner, SL_HOLD_LISTENERS);

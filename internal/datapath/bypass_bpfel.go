@@ -77,7 +77,8 @@ type bypassSlConn struct {
 	Owner       uint64
 	Path        [2]uint8
 	Reason      [2]uint8
-	Pad         uint32
+	Signals     [2]uint8
+	Pad         uint16
 }
 
 type bypassSlConnRef struct {
@@ -129,12 +130,13 @@ const (
 	bypassSlCounterSL_C_FALLBACK_NO_LISTENER    bypassSlCounter = 28
 	bypassSlCounterSL_C_LISTENER_QUOTA          bypassSlCounter = 29
 	bypassSlCounterSL_C_FALLBACK_BYPASS_OFF     bypassSlCounter = 30
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 31
+	bypassSlCounterSL_C_BLOCKING_QUIET          bypassSlCounter = 31
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 32
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [31]uint64
+	C [32]uint64
 }
 
 type bypassSlDefaults uint32
@@ -227,7 +229,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 20
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 21
 )
 
 type bypassSlListener struct {
@@ -243,14 +245,17 @@ type bypassSlListenerInfo struct {
 	Owner    uint64
 	Accepted uint32
 	Listened uint32
+	Signals  uint32
+	Pad      uint32
 }
 
 type bypassSlMode uint32
 
 const (
-	bypassSlModeSL_MODE_AUTO bypassSlMode = 0
-	bypassSlModeSL_MODE_ON   bypassSlMode = 1
-	bypassSlModeSL_MODE_OFF  bypassSlMode = 2
+	bypassSlModeSL_MODE_AUTO    bypassSlMode = 0
+	bypassSlModeSL_MODE_ON      bypassSlMode = 1
+	bypassSlModeSL_MODE_OFF     bypassSlMode = 2
+	bypassSlModeSL_MODE_PROCESS bypassSlMode = 3
 )
 
 type bypassSlOwner struct {
@@ -302,7 +307,26 @@ type bypassSlSeedArgs struct {
 	Owner    uint64
 	Port     uint32
 	Blocking uint32
+	Signals  uint32
+	Pad      uint32
 }
+
+type bypassSlSigMask uint32
+
+const (
+	bypassSlSigMaskSL_SIG_MASK_LO   bypassSlSigMask = 1073457664
+	bypassSlSigMaskSL_SIG_MASK_HI   bypassSlSigMask = 4294967294
+	bypassSlSigMaskSL_SIG_NSIG      bypassSlSigMask = 64
+	bypassSlSigMaskSL_SIG_ENTRY_MAX bypassSlSigMask = 32
+)
+
+type bypassSlSignals uint32
+
+const (
+	bypassSlSignalsSL_SIG_UNKNOWN    bypassSlSignals = 0
+	bypassSlSignalsSL_SIG_QUIET      bypassSlSignals = 1
+	bypassSlSignalsSL_SIG_INTERRUPTS bypassSlSignals = 2
+)
 
 type bypassSlSock struct {
 	_         structs.HostLayout
@@ -318,7 +342,7 @@ type bypassSlSock struct {
 	EvictPeer uint8
 	Checked   uint8
 	Learn     uint8
-	Pad       uint8
+	Signals   uint8
 	WinLeft   uint32
 	OverSince uint32
 }
@@ -362,6 +386,7 @@ const (
 	bypassMapSlLayout        = "sl_layout"
 	bypassMapSlListeners     = "sl_listeners"
 	bypassMapSlOwners        = "sl_owners"
+	bypassMapSlSigScratch    = "sl_sig_scratch"
 	bypassMapSlSkState       = "sl_sk_state"
 	bypassMapSlSockhash      = "sl_sockhash"
 	bypassMapSlStats         = "sl_stats"
@@ -442,6 +467,7 @@ type bypassMapSpecs struct {
 	SlLayout      *ebpf.MapSpec `ebpf:"sl_layout"`
 	SlListeners   *ebpf.MapSpec `ebpf:"sl_listeners"`
 	SlOwners      *ebpf.MapSpec `ebpf:"sl_owners"`
+	SlSigScratch  *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
 	SlSkState     *ebpf.MapSpec `ebpf:"sl_sk_state"`
 	SlSockhash    *ebpf.MapSpec `ebpf:"sl_sockhash"`
 	SlStats       *ebpf.MapSpec `ebpf:"sl_stats"`
@@ -490,6 +516,7 @@ type bypassMaps struct {
 	SlLayout      *ebpf.Map `ebpf:"sl_layout"`
 	SlListeners   *ebpf.Map `ebpf:"sl_listeners"`
 	SlOwners      *ebpf.Map `ebpf:"sl_owners"`
+	SlSigScratch  *ebpf.Map `ebpf:"sl_sig_scratch"`
 	SlSkState     *ebpf.Map `ebpf:"sl_sk_state"`
 	SlSockhash    *ebpf.Map `ebpf:"sl_sockhash"`
 	SlStats       *ebpf.Map `ebpf:"sl_stats"`
@@ -512,6 +539,7 @@ func (m *bypassMaps) Close() error {
 		m.SlLayout,
 		m.SlListeners,
 		m.SlOwners,
+		m.SlSigScratch,
 		m.SlSkState,
 		m.SlSockhash,
 		m.SlStats,

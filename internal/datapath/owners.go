@@ -89,13 +89,27 @@ type ListenerSeed struct {
 	Port     uint16
 	Owner    uint64 // cgroup id of the process holding it
 	Blocking bool   // the listening socket's file is blocking
+	// Caught are the signals its process handles (bit signal - 1, as
+	// /proc/PID/status's SigCgt).
+	Caught uint64
+}
+
+// SignalsOf is the enum sl_signals of a process that handles the signals
+// caught (bit signal - 1): the datapath's rule (sl_signals.h), for
+// processes it did not see.
+func SignalsOf(caught uint64) uint32 {
+	mask := uint64(bypassSlSigMaskSL_SIG_MASK_HI)<<32 | uint64(bypassSlSigMaskSL_SIG_MASK_LO)
+	if caught&mask != 0 {
+		return uint32(bypassSlSignalsSL_SIG_INTERRUPTS)
+	}
+	return uint32(bypassSlSignalsSL_SIG_QUIET)
 }
 
 // SeedListener records a listener that was listening before the datapath
 // was attached to its cgroup (so no listen() was seen), unless one is
 // recorded. Returns whether it was recorded.
 func (d *Datapath) SeedListener(l ListenerSeed) (bool, error) {
-	args := bypassSlSeedArgs{Netns: l.Netns, Owner: l.Owner, Port: uint32(l.Port)}
+	args := bypassSlSeedArgs{Netns: l.Netns, Owner: l.Owner, Port: uint32(l.Port), Signals: SignalsOf(l.Caught)}
 	if l.Blocking {
 		args.Blocking = 1
 	}

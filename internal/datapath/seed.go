@@ -46,7 +46,7 @@ func (d *Datapath) seedListeners(path string) (int, error) {
 			}
 			owners[l.Cgroup] = owner
 		}
-		ok, err := d.SeedListener(ListenerSeed{Netns: cookie, Port: l.Port, Owner: owner, Blocking: l.Blocking})
+		ok, err := d.SeedListener(ListenerSeed{Netns: cookie, Port: l.Port, Owner: owner, Blocking: l.Blocking, Caught: l.Caught})
 		if err != nil {
 			return n, err
 		}

@@ -29,6 +29,9 @@ const (
 	ModeAuto = bypassSlModeSL_MODE_AUTO
 	ModeOn   = bypassSlModeSL_MODE_ON
 	ModeOff  = bypassSlModeSL_MODE_OFF
+	// ModeProcess: blocking-sockets decided per process (the
+	// datapath reads the process's signal handlers).
+	ModeProcess = bypassSlModeSL_MODE_PROCESS
 )
 
 // Verdict window bounds (enum sl_defaults).
@@ -85,7 +88,13 @@ func (m Mode) resolve(f Features, fit bool) Mode {
 func (s Settings) Resolve(f Features) Settings {
 	s.Bypass = s.Bypass.resolve(f, f.PsockMsgTotLen && !f.Has(sockbugs.FIONREAD) &&
 		!f.Has(sockbugs.EpollWakeup) && !f.Has(sockbugs.FINLost))
-	s.BypassBlocking = s.BypassBlocking.resolve(f, !f.Has(sockbugs.BlockingEAGAIN))
+	// A kernel with the interrupted-read bug (or not probed) decides
+	// blocking readers per process: only those whose process handles a
+	// signal that can interrupt their read stay on TCP.
+	if s.BypassBlocking == ModeAuto && (f.BugsError != "" || f.Has(sockbugs.BlockingEAGAIN)) {
+		s.BypassBlocking = ModeProcess
+	}
+	s.BypassBlocking = s.BypassBlocking.resolve(f, true)
 	if s.BypassBrief == ModeAuto {
 		s.BypassBrief = ModeOff
 	}
@@ -135,8 +144,8 @@ func settingTable() []setting {
 			usage: "bypass connections between managed sockets: on, off (all stay on TCP; services, events and metrics still work), or auto (off where the kernel's FIONREAD answers 0 for redirected bytes, which hangs programs that size their reads by it, or where its sockmap loses wake-ups or FINs; found by behaviour at load)"},
 		{name: "backlog-limit", num: func(s *Settings) *uint32 { return &s.BacklogLimit }, unit: "bytes",
 			usage: "receiver backlog in bytes (at least the receiver's SO_RCVBUF) above which, for about 50 ms or at once above twice it, a bypassed direction moves to TCP (0: net.ipv4.tcp_rmem max)"},
-		{name: "blocking-sockets", mode: func(s *Settings) *Mode { return &s.BypassBlocking }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "bypass", ModeOff: "tcp"},
-			usage: "connections with an end reading in blocking mode: tcp, bypass, or auto (tcp where the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN, found by behaviour at load)"},
+		{name: "blocking-sockets", mode: func(s *Settings) *Mode { return &s.BypassBlocking }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "bypass", ModeOff: "tcp", ModeProcess: "per-process"},
+			usage: "connections with an end reading in blocking mode: tcp, bypass, per-process (on TCP only if the end's process handles a signal that can interrupt a read while it runs normally: SIGUSR1/2, SIGALRM, SIGCHLD, timers, job control, real-time signals...; read at connect(), listen() and the first send), or auto (per-process where the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN, found by behaviour at load; bypass elsewhere)"},
 		{name: "brief-connections", mode: func(s *Settings) *Mode { return &s.BypassBrief }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass"},
 		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
@@ -177,7 +186,7 @@ func (st setting) format(s *Settings) string {
 // spelling lists the words st's flag takes.
 func (st setting) spelling() string {
 	var ws []string
-	for _, m := range []Mode{ModeAuto, ModeOn, ModeOff} {
+	for _, m := range []Mode{ModeAuto, ModeOn, ModeOff, ModeProcess} {
 		if w, ok := st.words[m]; ok {
 			ws = append(ws, w)
 		}

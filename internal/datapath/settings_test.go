@@ -102,11 +102,13 @@ func TestResolve(t *testing.T) {
 		{auto, fit, ModeOn, ModeOn},
 		{auto, with(true, sockbugs.FIONREAD), ModeOff, ModeOn},
 		{auto, with(false), ModeOff, ModeOn},
-		{auto, with(true, sockbugs.BlockingEAGAIN, sockbugs.Splice), ModeOn, ModeOff},
-		{auto, with(false, sockbugs.FIONREAD, sockbugs.BlockingEAGAIN), ModeOff, ModeOff},
-		{auto, Features{PsockMsgTotLen: true, BugsError: "no netns"}, ModeOff, ModeOff},
+		// The interrupted-read bug, or bugs not probed: per process.
+		{auto, with(true, sockbugs.BlockingEAGAIN, sockbugs.Splice), ModeOn, ModeProcess},
+		{auto, with(false, sockbugs.FIONREAD, sockbugs.BlockingEAGAIN), ModeOff, ModeProcess},
+		{auto, Features{PsockMsgTotLen: true, BugsError: "no netns"}, ModeOff, ModeProcess},
 		{Settings{Bypass: ModeOn, BypassBlocking: ModeOn}, with(false, sockbugs.FIONREAD, sockbugs.BlockingEAGAIN), ModeOn, ModeOn},
 		{Settings{Bypass: ModeOff, BypassBlocking: ModeOff}, fit, ModeOff, ModeOff},
+		{Settings{BypassBlocking: ModeProcess}, fit, ModeOn, ModeProcess},
 	} {
 		s := tt.s.Resolve(tt.f)
 		if s.Bypass != tt.bypass || s.BypassBlocking != tt.bypassBlocks || s.BypassBrief == ModeAuto {
@@ -129,6 +131,8 @@ func TestSettingFlags(t *testing.T) {
 		{"bypass", "yes", nil, "want one of auto, on, off"},
 		{"blocking-sockets", "tcp", func(s Settings) bool { return s.BypassBlocking == ModeOff }, ""},
 		{"blocking-sockets", "bypass", func(s Settings) bool { return s.BypassBlocking == ModeOn }, ""},
+		{"blocking-sockets", "per-process", func(s Settings) bool { return s.BypassBlocking == ModeProcess }, ""},
+		{"blocking-sockets", "maybe", nil, "want one of auto, bypass, tcp, per-process"},
 		{"brief-connections", "bypass", func(s Settings) bool { return s.BypassBrief == ModeOn }, ""},
 		{"brief-connections", "auto", nil, "want one of bypass, tcp"},
 		{"backlog-limit", "2097152", func(s Settings) bool { return s.BacklogLimit == 2097152 }, ""},
@@ -177,5 +181,41 @@ func TestSettingFlags(t *testing.T) {
 	}
 	if err := (Settings{BypassBlocking: 7}).Validate(); err == nil || !strings.Contains(err.Error(), "--blocking-sockets mode(7)") {
 		t.Errorf("validating an unknown mode: %v", err)
+	}
+}
+
+// TestSignalsOf: the rule for processes the datapath did not see (their
+// SigCgt) is the datapath's own (SL_SIG_MASK_*): signals that arrive while
+// a program runs normally count, an operator's requests, faults and the C
+// library's own do not.
+func TestSignalsOf(t *testing.T) {
+	quiet, interrupts := uint32(bypassSlSignalsSL_SIG_QUIET), uint32(bypassSlSignalsSL_SIG_INTERRUPTS)
+	bit := func(sigs ...int) uint64 {
+		var m uint64
+		for _, s := range sigs {
+			m |= 1 << (s - 1)
+		}
+		return m
+	}
+	for _, tt := range []struct {
+		name   string
+		caught uint64
+		want   uint32
+	}{
+		{"none", 0, quiet},
+		{"python: SIGINT", bit(2), quiet},
+		{"iperf3: SIGHUP, SIGINT, SIGTERM", bit(1, 2, 15), quiet},
+		{"faults and SIGPIPE", bit(4, 5, 6, 7, 8, 11, 13, 31), quiet},
+		{"the C library's 32 and 33", bit(32, 33), quiet},
+		{"qperf: SIGALRM, SIGURG", bit(3, 13, 14, 23), interrupts},
+		{"SIGCHLD", bit(17), interrupts},
+		{"SIGUSR2 (the JVM)", bit(12), interrupts},
+		{"a real-time signal", bit(34), interrupts},
+		{"the last one", bit(64), interrupts},
+		{"everything (status unreadable)", ^uint64(0), interrupts},
+	} {
+		if got := SignalsOf(tt.caught); got != tt.want {
+			t.Errorf("%s (%#x): %d, want %d", tt.name, tt.caught, got, tt.want)
+		}
 	}
 }

@@ -25,7 +25,8 @@ enum sl_counter {
 	SL_C_FALLBACK_EARLY_DATA,     /* bytes went through TCP before the decision */
 	SL_C_FALLBACK_BACKLOG,        /* receiver's backlog over the limit */
 	SL_C_FALLBACK_PEER_GONE,      /* redirect target left the map */
-	SL_C_FALLBACK_BLOCKING,       /* an end reads in blocking mode: connection kept on TCP */
+	SL_C_FALLBACK_BLOCKING,       /* an end reads in blocking mode (and, per process, handles a signal
+				       * that can interrupt the read): connection kept on TCP */
 	SL_C_EVICTIONS,               /* sockets removed from the map (remote peer) */
 	SL_C_CLOSED,                  /* managed sockets closed */
 	SL_C_ERR_SOCKHASH,            /* socket could not be added to the map */
@@ -43,6 +44,8 @@ enum sl_counter {
 	SL_C_FALLBACK_NO_LISTENER,    /* connections left on TCP: their listener's read mode is not known yet */
 	SL_C_LISTENER_QUOTA,          /* listeners not learned: their owner holds its quota of entries */
 	SL_C_FALLBACK_BYPASS_OFF,     /* connections left on TCP: the datapath was loaded with the bypass off */
+	SL_C_BLOCKING_QUIET,          /* blocking ends let into the bypass: their process handles no signal
+				       * that can interrupt a read (--blocking-sockets per-process) */
 	SL_C_MAX,
 };
 
@@ -52,7 +55,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 20,
+	SL_LAYOUT_VERSION = 21,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -117,11 +120,43 @@ enum sl_defaults {
 
 /* A mode setting's value. SL_MODE_AUTO appears only in a request: the
  * loader resolves it (by the sockmap bugs found on the kernel) before the
- * programs load, which then see SL_MODE_ON or SL_MODE_OFF. */
+ * programs load, which then see SL_MODE_ON or SL_MODE_OFF, or for
+ * bypass_blocking SL_MODE_PROCESS. */
 enum sl_mode {
 	SL_MODE_AUTO = 0,
 	SL_MODE_ON = 1,
 	SL_MODE_OFF = 2,
+	SL_MODE_PROCESS = 3, /* bypass_blocking: decided per process (enum sl_signals) */
+};
+
+/* Whether a process can be hit by the interrupted-read bug of the sockmap's
+ * receive path (a blocking read interrupted by a signal with a handler
+ * returns EAGAIN, where TCP restarts it or returns EINTR): it can when it
+ * handles a signal that arrives while a program runs normally
+ * (SL_SIG_MASK_*). Read from the process's signal handlers where it runs
+ * the socket's calls: connect(), listen(), a first send. */
+enum sl_signals {
+	SL_SIG_UNKNOWN = 0,
+	SL_SIG_QUIET = 1,      /* handles none of them: its blocking reads are never interrupted */
+	SL_SIG_INTERRUPTS = 2, /* handles one (or could not be read) */
+};
+
+/* The signals that can interrupt a read in a program's normal running, bit
+ * (signal - 1), low and high 32 bits: SIGUSR1, SIGUSR2, SIGALRM,
+ * SIGSTKFLT, SIGCHLD, SIGCONT, SIGTSTP, SIGTTIN, SIGTTOU, SIGURG, SIGXCPU,
+ * SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGIO, SIGPWR and the real-time
+ * signals from 34. Not counted: an operator's requests to reload or stop
+ * (SIGHUP, SIGINT, SIGQUIT, SIGTERM), faults delivered to the faulting
+ * thread, which is not in a read (SIGILL, SIGTRAP, SIGABRT, SIGBUS,
+ * SIGFPE, SIGSEGV, SIGSYS, and SIGPIPE, sent to a writer), SIGKILL and
+ * SIGSTOP (no handler), and 32 and 33 (the C library's own, for thread
+ * cancellation and set*id()). SL_SIG_NSIG handlers are read. */
+enum sl_sig_mask {
+	SL_SIG_MASK_LO = 0x3ffbaa00,
+	SL_SIG_MASK_HI = 0xfffffffe,
+	SL_SIG_NSIG = 64,
+	/* The most bytes of one k_sigaction read (32 on x86-64). */
+	SL_SIG_ENTRY_MAX = 32,
 };
 
 /* Connections not worth joining the bypass: brief ones (at most one send

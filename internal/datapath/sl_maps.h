@@ -120,6 +120,14 @@ struct {
 	__type(value, struct sl_counters);
 } sl_stats SEC(".maps");
 
+/* Where a process's signal handlers are read in one copy (sl_signals.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sl_sig_scratch);
+} sl_sig_scratch SEC(".maps");
+
 /* Captured payload of bypassed messages (`socklane capture`). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

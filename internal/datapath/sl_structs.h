@@ -77,7 +77,8 @@ struct sl_conn {
 	__u64 owner;              /* cgroup id charged for the slot (the client's) */
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
-	__u32 pad;
+	__u8 signals[2];          /* enum sl_signals per member role (per-process mode) */
+	__u16 pad;
 };
 
 /* A listening endpoint (network namespace cookie and port). */
@@ -102,6 +103,9 @@ struct sl_listener_info {
 	__u64 owner;    /* cgroup id charged for the entry */
 	__u32 accepted; /* enum sl_accepted_mode: of the last socket accepted */
 	__u32 listened; /* enum sl_accepted_mode: the listening socket's at listen() */
+	__u32 signals;  /* enum sl_signals: of the process that listened, then of the
+			 * last that answered on an accepted socket */
+	__u32 pad;
 };
 
 /* The listener's information first (what Go reads: a pointer field has no
@@ -146,6 +150,8 @@ struct sl_seed_args {
 	__u64 owner;
 	__u32 port;
 	__u32 blocking;
+	__u32 signals; /* enum sl_signals of the listening process */
+	__u32 pad;
 };
 
 /* Per-socket state in socket storage. */
@@ -163,10 +169,16 @@ struct sl_sock {
 	__u8 checked;    /* this socket's file mode was looked at */
 	__u8 learn;      /* a server kept on TCP for its unknown listener: learn the
 			  * listener's mode from this socket at its first transmit */
-	__u8 pad;
+	__u8 signals;    /* enum sl_signals of the process that connected (a client
+			  * reading in blocking mode, per-process mode) */
 	__u32 win_left;  /* bytes of the open verdict window not yet counted */
 	__u32 over_since; /* when the peer's backlog went over the limit, in
 			   * units of 2^20 ns (| 1); 0 while under it */
+};
+
+/* Scratch space for one process's signal handlers (sl_kernel.h). */
+struct sl_sig_scratch {
+	__u8 b[SL_SIG_NSIG * SL_SIG_ENTRY_MAX];
 };
 
 /* Per-CPU counter block. */

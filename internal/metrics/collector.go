@@ -216,7 +216,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	} else {
 		c.emit(ch, famSetting, float64(s.BacklogLimit), "backlog_limit_bytes")
 		c.emit(ch, famSetting, float64(s.VerdictWindow), "verdict_window_bytes")
-		c.emit(ch, famSetting, boolValue(s.BypassBlocking.On()), "bypass_blocking")
+		blocking := boolValue(s.BypassBlocking.On())
+		if s.BypassBlocking == datapath.ModeProcess {
+			blocking = 0.5
+		}
+		c.emit(ch, famSetting, blocking, "bypass_blocking")
 		c.emit(ch, famSetting, boolValue(s.BypassBrief.On()), "bypass_brief")
 	}
 	if failed {

@@ -21,22 +21,23 @@ func (f family) fqName() string { return namespace + "_" + f.name }
 // The families the collector exports. docs/metrics.md is generated from
 // this list (see doc.go).
 var (
-	famEstablished = family{"connections_established_total", "TCP connections of managed sockets established, by role (client: active open, server: passive).", prometheus.CounterValue, []string{"role"}}
-	famDecided     = family{"connections_decided_total", "Node-local connections decided, by path: bypass (both ends joined) or tcp (left on the kernel's stack).", prometheus.CounterValue, []string{"path"}}
-	famVerdicts    = family{"redirect_verdicts_total", "Redirect verdicts of the sk_msg program (a verdict window covers many sends).", prometheus.CounterValue, nil}
-	famRedirBytes  = family{"redirected_bytes_total", "Bytes moved socket to socket by the bypass (lags by less than one verdict window per open connection).", prometheus.CounterValue, nil}
-	famWindows     = family{"redirect_windows_total", "Redirect verdicts that also covered the next verdict-window bytes.", prometheus.CounterValue, nil}
-	famPassMsgs    = family{"passed_messages_total", "Messages of managed sockets left to TCP.", prometheus.CounterValue, nil}
-	famPassBytes   = family{"passed_bytes_total", "Bytes of managed sockets left to TCP.", prometheus.CounterValue, nil}
-	famFallbacks   = family{"fallbacks_total", "Connection directions moved to (or kept on) TCP, by reason; brief and no_peer count whole connections left on TCP without joining, from what was learned of their destination (its recent connections were brief, or found no managed server).", prometheus.CounterValue, []string{"reason"}}
-	famEvictions   = family{"socket_evictions_total", "Sockets removed from the bypass map because of their peer.", prometheus.CounterValue, nil}
-	famClosed      = family{"sockets_closed_total", "Managed sockets closed.", prometheus.CounterValue, nil}
-	famDPErrors    = family{"datapath_errors_total", "Datapath errors, by kind.", prometheus.CounterValue, []string{"error"}}
-	famEventsLost  = family{"events_lost_total", "Events dropped because the event ring buffer was full (only while a reader listens), by source.", prometheus.CounterValue, []string{"source"}}
-	famCaptured    = family{"capture_messages_total", "Bypassed messages captured by `socklane capture`.", prometheus.CounterValue, nil}
-	famCapDropped  = family{"capture_dropped_total", "Bypassed messages a running capture missed, by reason: ring_full (the reader fell behind) or rate_limit.", prometheus.CounterValue, []string{"reason"}}
-	famQuota       = family{"quota_refusals_total", "Entries of node-wide tables refused to an owner (a cgroup) holding its quota, by table; `socklane status` names the owners.", prometheus.CounterValue, []string{"table"}}
-	famSockets     = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
+	famEstablished   = family{"connections_established_total", "TCP connections of managed sockets established, by role (client: active open, server: passive).", prometheus.CounterValue, []string{"role"}}
+	famDecided       = family{"connections_decided_total", "Node-local connections decided, by path: bypass (both ends joined) or tcp (left on the kernel's stack).", prometheus.CounterValue, []string{"path"}}
+	famVerdicts      = family{"redirect_verdicts_total", "Redirect verdicts of the sk_msg program (a verdict window covers many sends).", prometheus.CounterValue, nil}
+	famRedirBytes    = family{"redirected_bytes_total", "Bytes moved socket to socket by the bypass (lags by less than one verdict window per open connection).", prometheus.CounterValue, nil}
+	famWindows       = family{"redirect_windows_total", "Redirect verdicts that also covered the next verdict-window bytes.", prometheus.CounterValue, nil}
+	famPassMsgs      = family{"passed_messages_total", "Messages of managed sockets left to TCP.", prometheus.CounterValue, nil}
+	famPassBytes     = family{"passed_bytes_total", "Bytes of managed sockets left to TCP.", prometheus.CounterValue, nil}
+	famFallbacks     = family{"fallbacks_total", "Connection directions moved to (or kept on) TCP, by reason; brief and no_peer count whole connections left on TCP without joining, from what was learned of their destination (its recent connections were brief, or found no managed server).", prometheus.CounterValue, []string{"reason"}}
+	famEvictions     = family{"socket_evictions_total", "Sockets removed from the bypass map because of their peer.", prometheus.CounterValue, nil}
+	famClosed        = family{"sockets_closed_total", "Managed sockets closed.", prometheus.CounterValue, nil}
+	famDPErrors      = family{"datapath_errors_total", "Datapath errors, by kind.", prometheus.CounterValue, []string{"error"}}
+	famEventsLost    = family{"events_lost_total", "Events dropped because the event ring buffer was full (only while a reader listens), by source.", prometheus.CounterValue, []string{"source"}}
+	famCaptured      = family{"capture_messages_total", "Bypassed messages captured by `socklane capture`.", prometheus.CounterValue, nil}
+	famCapDropped    = family{"capture_dropped_total", "Bypassed messages a running capture missed, by reason: ring_full (the reader fell behind) or rate_limit.", prometheus.CounterValue, []string{"reason"}}
+	famQuota         = family{"quota_refusals_total", "Entries of node-wide tables refused to an owner (a cgroup) holding its quota, by table; `socklane status` names the owners.", prometheus.CounterValue, []string{"table"}}
+	famBlockingQuiet = family{"blocking_quiet_total", "Decisions that let an end reading in blocking mode into the bypass because its process handles no signal that can interrupt a read (--blocking-sockets per-process); such ends are otherwise kept on TCP (fallbacks_total{reason=\"blocking\"}).", prometheus.CounterValue, nil}
+	famSockets       = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
 
 	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction), nat_evicted (a UDP socket's least recently used VIP translation dropped: it talks to more than 32 VIPs), pick_ambiguous (a UDP socket's pick whose backend already answers for another of its VIPs, no other backend to be had), bank_retry (a pick that read the frontend again because an apply published new backends meanwhile), out_of_scope (connects and sends to a service address left to the node's per-packet proxy: --service-lb-scope host, or a pod opted out).", prometheus.CounterValue, []string{"event"}}
 	famLBErrors    = family{"lb_errors_total", "Service load balancer errors, by kind.", prometheus.CounterValue, []string{"error"}}
@@ -50,13 +51,13 @@ var (
 	famProgRuns    = family{"bpf_program_runs_total", "Runs of each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famProgSeconds = family{"bpf_program_run_seconds_total", "Time spent in each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famCollectErr  = family{"collection_errors_total", "Scrapes in which some part of the datapath could not be read.", prometheus.CounterValue, nil}
-	famSetting     = family{"datapath_setting", "The settings the running datapath was loaded with, by setting: backlog_limit_bytes, verdict_window_bytes, bypass_blocking and bypass_brief (1: such connections join the bypass, 0: they stay on TCP).", prometheus.GaugeValue, []string{"setting"}}
+	famSetting     = family{"datapath_setting", "The settings the running datapath was loaded with, by setting: backlog_limit_bytes, verdict_window_bytes, bypass_blocking and bypass_brief (1: such connections join the bypass, 0: they stay on TCP; bypass_blocking 0.5: decided per process).", prometheus.GaugeValue, []string{"setting"}}
 	famBuild       = family{"build_info", "Always 1; the labels tell the socklane version and the Go version it was built with.", prometheus.GaugeValue, []string{"version", "goversion"}}
 )
 
 var families = []family{
 	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
-	famFallbacks, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
+	famFallbacks, famBlockingQuiet, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
 	famPolEvents, famPolVerdict, famPortEvents,
@@ -93,6 +94,7 @@ var bypassCounters = map[string]counterRef{
 	"fallback_no_listener":    {famFallbacks, "no_listener"},
 	"listener_quota":          {famQuota, "listeners"},
 	"fallback_bypass_off":     {famFallbacks, "bypass_off"},
+	"blocking_quiet":          {famBlockingQuiet, ""},
 	"evictions":               {famEvictions, ""},
 	"closed":                  {famClosed, ""},
 	"err_sockhash":            {famDPErrors, "sockhash"},

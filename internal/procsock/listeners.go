@@ -23,6 +23,9 @@ type Listener struct {
 	Cgroup    string // the cgroup directory of the process
 	NetnsPath string // /proc/PID/ns/net
 	Blocking  bool   // the listening socket's file is blocking
+	// Caught are the signals the process handles (SigCgt of
+	// /proc/PID/status: bit signal - 1); all when it cannot be read.
+	Caught uint64
 }
 
 // oNonblock is O_NONBLOCK as /proc/PID/fdinfo prints it (octal flags).
@@ -123,10 +126,37 @@ func OfPid(pid int) ([]Listener, error) {
 				continue
 			}
 			l.Pid, l.NetnsPath, l.Blocking = pid, filepath.Join(proc, "ns", "net"), flags&oNonblock == 0
+			l.Caught = caughtSignals(filepath.Join(proc, "status"))
 			out = append(out, l)
 		}
 	}
 	return out, nil
+}
+
+// caughtSignals reads SigCgt of a /proc/PID/status: the signals the
+// process handles (every one when it cannot be read).
+func caughtSignals(status string) uint64 {
+	f, err := os.Open(status)
+	if err != nil {
+		return ^uint64(0)
+	}
+	defer f.Close()
+	if v, ok := ParseSigCgt(f); ok {
+		return v
+	}
+	return ^uint64(0)
+}
+
+// ParseSigCgt finds the SigCgt line of a /proc/PID/status.
+func ParseSigCgt(r io.Reader) (uint64, bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "SigCgt:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // socketInode parses "socket:[12345]".

@@ -59,3 +59,17 @@ func TestOfPid(t *testing.T) {
 	}
 	t.Fatalf("listener on %d not found in %+v", port, ls)
 }
+
+// TestParseSigCgt: the signals a process handles, from its status file.
+func TestParseSigCgt(t *testing.T) {
+	status := "Name:\tpython3\nSigBlk:\t0000000000000000\nSigIgn:\t0000000001001000\nSigCgt:\t0000000000004002\nCapInh:\t0\n"
+	if v, ok := ParseSigCgt(strings.NewReader(status)); !ok || v != 0x4002 {
+		t.Errorf("SigCgt %#x, %v; want 0x4002", v, ok)
+	}
+	if _, ok := ParseSigCgt(strings.NewReader("Name:\tx\n")); ok {
+		t.Error("a status without SigCgt parsed")
+	}
+	if got := caughtSignals("/nonexistent/status"); got != ^uint64(0) {
+		t.Errorf("an unreadable status: %#x, want every signal", got)
+	}
+}

@@ -40,7 +40,7 @@ func TestBadInput(t *testing.T) {
 		}, `"4194304" for "--verdict-window" flag: want at most 1048576 bytes`},
 		{"bad blocking mode", func() *exec.Cmd {
 			return exec.Command(bin, "--name", "slbad", "attach", "--cgroup", "/", "--blocking-sockets", "maybe")
-		}, `"maybe" for "--blocking-sockets" flag: want one of auto, bypass, tcp`},
+		}, `"maybe" for "--blocking-sockets" flag: want one of auto, bypass, tcp, per-process`},
 		{"brief connections have no auto", func() *exec.Cmd {
 			return exec.Command(bin, "--name", "slbad", "agent", "--brief-connections", "auto")
 		}, `"auto" for "--brief-connections" flag: want one of bypass, tcp`},
