@@ -25,7 +25,7 @@ func TestAgentMetrics(t *testing.T) {
 	// The instance's settings (--bypass on): the metrics are checked
 	// against bypassed bytes on every kernel, whatever auto would decide.
 	args := append([]string{"--name", in.Name, "agent", "--cgroup", client.Cgroup, "--cgroup", server.Cgroup,
-		"--metrics-address", addr, "--bpf-stats", "--verdict-window", "0", "--backlog-limit", "67108864"}, in.Settings...)
+		"--metrics-address", addr, "--bpf-stats", "--verdict-window", "0", "--backlog-limit", "67108864", "--blocking-sockets", "per-process"}, in.Settings...)
 	agent := exec.Command(in.Bin, args...)
 	agent.Stdout, agent.Stderr = &logs, &logs
 	if err := agent.Start(); err != nil {
@@ -107,7 +107,7 @@ func TestAgentMetrics(t *testing.T) {
 	if after["socklane_bpf_program_runs_total,program=sl_msg"] == 0 || after["socklane_bpf_program_run_seconds_total,program=sl_msg"] <= 0 {
 		t.Errorf("no BPF run-time statistics for sl_msg with --bpf-stats")
 	}
-	for setting, want := range map[string]float64{"verdict_window_bytes": 0, "backlog_limit_bytes": 64 << 20, "bypass_blocking": 0, "bypass_brief": 0} {
+	for setting, want := range map[string]float64{"verdict_window_bytes": 0, "backlog_limit_bytes": 64 << 20, "bypass_blocking": 0.5, "bypass_brief": 0} {
 		if got, ok := after["socklane_datapath_setting,setting="+setting]; !ok || got != want {
 			t.Errorf("socklane_datapath_setting{setting=%q} = %v (present %v), want %v (the agent's flags and defaults)", setting, got, ok, want)
 		}
