@@ -306,6 +306,8 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->evict_peer = 0;
 	st->checked = 0;
 	st->win_left = 0;
+	st->over_since = 0;
+	st->check_left = 0;
 	c->server_netns = 0;
 	c->client_netns = netns;
 	conn_event(c, SL_EV_ESTABLISHED, 0, 0, SL_ROLE_CLIENT);
@@ -372,6 +374,8 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	st->checked = 0;
 	st->learn = 0;
 	st->win_left = 0;
+	st->over_since = 0;
+	st->check_left = 0;
 	c->server_netns = bpf_get_netns_cookie(skops);
 	c->cookie[SL_ROLE_SERVER] = bpf_get_socket_cookie(skops);
 	set_member_sock(sk, slot, SL_ROLE_SERVER);
@@ -755,11 +759,20 @@ static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *
  * it counts once it has stayed over for SL_BACKLOG_GRACE (a writer on its
  * reader's CPU runs a scheduler slice ahead, tens of MiB at 64 KiB sends,
  * and the reader then drains it), or at once over SL_BACKLOG_CAP times it.
- * The time is read only while over the limit. */
-static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role)
+ * The time is read only while over the limit, the queue once per
+ * SL_BACKLOG_CHECK_BYTES sent while under it (sent: the bytes since the
+ * last run). */
+static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, __u32 sent)
 {
 	if (!sl_settings.backlog_limit)
 		return 0;
+	/* Under the limit when last read: read again once
+	 * SL_BACKLOG_CHECK_BYTES more were sent. */
+	if (!st->over_since && st->check_left > sent) {
+		st->check_left -= sent;
+		return 0;
+	}
+	st->check_left = SL_BACKLOG_CHECK_BYTES;
 	struct sock *peer = member_sock(st->slot, peer_role);
 	if (!peer)
 		return 0;
@@ -815,7 +828,7 @@ int sl_msg(struct sk_msg_md *msg)
 	__u8 reason = 0;
 	if (st->path == SL_PATH_BYPASS) {
 		reason = SL_C_FALLBACK_BACKLOG;
-		if (!peer_backlogged(st, dir ^ 1)) {
+		if (!peer_backlogged(st, dir ^ 1, redirected + len)) {
 			reason = SL_C_FALLBACK_PEER_GONE;
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
 				/* A captured connection gets a verdict per send, so

@@ -229,7 +229,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 21
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 22
 )
 
 type bypassSlListener struct {
@@ -345,6 +345,8 @@ type bypassSlSock struct {
 	Signals   uint8
 	WinLeft   uint32
 	OverSince uint32
+	CheckLeft uint32
+	Pad2      uint32
 }
 
 type bypassSlTuple struct {

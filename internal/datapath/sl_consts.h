@@ -55,7 +55,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 21,
+	SL_LAYOUT_VERSION = 22,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -180,6 +180,11 @@ enum sl_sig_mask {
  * ahead, which then drains), or at once above SL_BACKLOG_CAP times it. */
 #define SL_BACKLOG_GRACE 48
 #define SL_BACKLOG_CAP 2
+/* While under the limit, the queue is read again only once this many more
+ * bytes were sent (a psock read on every send is most of what sl_msg adds
+ * to a bare redirect); a limit of at least SO_RCVBUF is overshot by at
+ * most this. */
+#define SL_BACKLOG_CHECK_BYTES (64 << 10)
 
 #define SL_TCPHDR_SYN 0x02
 #define SL_TCPHDR_ACK 0x10

@@ -174,6 +174,9 @@ struct sl_sock {
 	__u32 win_left;  /* bytes of the open verdict window not yet counted */
 	__u32 over_since; /* when the peer's backlog went over the limit, in
 			   * units of 2^20 ns (| 1); 0 while under it */
+	__u32 check_left; /* bytes to send before the peer's backlog is read
+			   * again (SL_BACKLOG_CHECK_BYTES) */
+	__u32 pad2;
 };
 
 /* Scratch space for one process's signal handlers (sl_kernel.h). */
