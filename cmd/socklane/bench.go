@@ -118,6 +118,7 @@ load balancer), and the programming time. Reports medians and ratios.`,
 	f.IntVar(&o.IptablesMaxServices, "iptables-max-services", 10000, "most services the iptables baseline is programmed with (iptables-restore takes minutes from 10,000); larger counts measure socklane alone")
 	f.Uint32Var(&o.VerdictWindow, "verdict-window", datapath.DefaultVerdictWindow, "the bypass's verdict window in bytes (0: a verdict per send)")
 	f.StringVar(&ioMode, "io", string(peer.IOBlocking), "socket I/O of socklane's own clients and servers: blocking (one system call per operation, as qperf and netperf; what is timed is the kernel's path) or netpoll (Go's net package: epoll and goroutine wake-ups, as event-driven servers)")
+	f.BoolVar(&o.BypassSmallStreams, "bypass-small-streams", false, "keep fast one-way streams of small sends in the bypass (by default the datapath moves them to TCP, which coalesces them)")
 	f.BoolVar(&o.BypassBrief, "bypass-brief", false, "join every connection to the bypass, also those to destinations whose recent connections were brief (by default the datapath learns them and leaves them on TCP)")
 	f.BoolVar(&o.BPFStats, "bpf-stats", true, "turn on the kernel's BPF run-time statistics for the run and report each program's cost (they add two clock reads to every program run)")
 	f.StringSliceVar(&o.Scenarios, "scenarios", bench.Scenarios(), "scenarios: pod-to-pod, loopback, host-to-pod")

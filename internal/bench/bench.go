@@ -109,6 +109,9 @@ type Options struct {
 	// BypassBrief joins every connection to the bypass, brief ones too
 	// (see datapath.Config).
 	BypassBrief bool
+	// BypassSmallStreams keeps fast one-way streams of small sends in the
+	// bypass (by default they move to TCP: see datapath.Config).
+	BypassSmallStreams bool
 	// BPFStats turns on the kernel's BPF run-time statistics for the run
 	// and reports each program's cost. They cost two clock reads per
 	// program run, which a short connection's dozen runs notice.
@@ -132,6 +135,9 @@ type Sample struct {
 	// BacklogFallbacks: bypassed directions that moved to TCP during the
 	// run because their receiver fell behind (fallback_backlog).
 	BacklogFallbacks uint64 `json:",omitempty"`
+	// StreamFallbacks: bypassed directions that moved to TCP during the
+	// run as fast one-way streams of small sends (fallback_small_stream).
+	StreamFallbacks uint64 `json:",omitempty"`
 	// BareMissed: sends of the bare path whose peer was not in its map
 	// (they went over TCP).
 	BareMissed uint64 `json:",omitempty"`
@@ -186,6 +192,9 @@ type Report struct {
 	IO      peer.IO   `json:"io"`
 	// BypassBrief: brief connections joined the bypass (--bypass-brief).
 	BypassBrief bool `json:"bypass_brief,omitempty"`
+	// BypassSmallStreams: streams of small sends stayed in the bypass
+	// (--bypass-small-streams).
+	BypassSmallStreams bool `json:"bypass_small_streams,omitempty"`
 	// BPFStats: the kernel's BPF run-time statistics were on (Programs).
 	BPFStats  bool              `json:"bpf_stats"`
 	Scenarios map[string]string `json:"scenarios"`
@@ -260,6 +269,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.BypassBrief {
 		settings.BypassBrief = datapath.ModeOn
 	}
+	if o.BypassSmallStreams {
+		settings.BypassSmallStreams = datapath.ModeOn
+	}
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, Settings: settings})
 	if err != nil {
 		return nil, err
@@ -309,7 +321,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 
-	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief, Scenarios: map[string]string{}}
+	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief,
+		BypassSmallStreams: o.BypassSmallStreams, Scenarios: map[string]string{}}
 	if o.BPFStats {
 		stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 		if err != nil {

@@ -67,6 +67,9 @@ func (r *Report) Markdown(w io.Writer) {
 	if r.BypassBrief {
 		fmt.Fprintln(w, "Every connection joined the bypass, brief ones too (--bypass-brief).")
 	}
+	if r.BypassSmallStreams {
+		fmt.Fprintln(w, "Fast one-way streams of small sends stayed in the bypass (--bypass-small-streams).")
+	}
 	if !r.BPFStats {
 		fmt.Fprintln(w, "BPF run-time statistics were off (--bpf-stats=false): no per-program cost is reported.")
 	}
@@ -142,33 +145,35 @@ func (r *Report) policiesMarkdown(w io.Writer) {
 	}
 }
 
-// fallbackMarkdown lists the bypass runs in which a connection left the
-// bypass because its receiver fell behind: the rest of those runs went
-// through TCP, and their ratio says so.
+// fallbackMarkdown lists the bypass runs in which a direction left the
+// bypass: because its receiver fell behind (the backlog rule), or as a
+// fast one-way stream of small sends (which TCP coalesces). The rest of
+// those runs went through TCP, and their ratio says so.
 func (r *Report) fallbackMarkdown(w io.Writer) {
 	header := false
 	for _, c := range r.Cases {
-		runs, dirs := 0, uint64(0)
+		runs, backlog, small := 0, uint64(0), uint64(0)
 		for _, s := range c.Samples[PathBypass] {
-			if s.BacklogFallbacks > 0 {
+			if s.BacklogFallbacks+s.StreamFallbacks > 0 {
 				runs++
-				dirs += s.BacklogFallbacks
+				backlog += s.BacklogFallbacks
+				small += s.StreamFallbacks
 			}
 		}
 		if runs == 0 {
 			continue
 		}
 		if !header {
-			fmt.Fprintln(w, "\n### Bypass runs that fell back to TCP (receiver behind by more than the backlog limit)")
-			fmt.Fprintln(w, "\n| measurement | size (B) | scenario | placement | runs | directions moved to TCP |")
-			fmt.Fprintln(w, "|---|---:|---|---|---:|---:|")
+			fmt.Fprintln(w, "\n### Bypass runs that moved to TCP (receiver behind by more than the backlog limit, or a fast stream of small sends)")
+			fmt.Fprintln(w, "\n| measurement | size (B) | scenario | placement | runs | directions moved: backlog | small stream |")
+			fmt.Fprintln(w, "|---|---:|---|---|---:|---:|---:|")
 			header = true
 		}
 		name := title(c.Kind)
 		if c.Tool != "" {
 			name = c.Tool + " " + c.Kind
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %d of %d | %d |\n", name, c.Size, c.Scenario, c.Placement, runs, len(c.Samples[PathBypass]), dirs)
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %d of %d | %d | %d |\n", name, c.Size, c.Scenario, c.Placement, runs, len(c.Samples[PathBypass]), backlog, small)
 	}
 }
 

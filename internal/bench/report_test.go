@@ -7,13 +7,15 @@ import (
 )
 
 // TestMarkdownNotes checks the report's notes that depend on what the run
-// saw: bypass runs that fell back to TCP, and run-time statistics left off.
+// saw: bypass runs that moved to TCP, and run-time statistics left off.
 func TestMarkdownNotes(t *testing.T) {
+	// fallbacks: per run, directions moved by the backlog rule (ones) and
+	// as small streams (tens).
 	stream := func(fallbacks ...uint64) *Case {
 		c := &Case{Kind: Throughput, Tool: Iperf3, Size: 16384, Placement: "same-cpu", Scenario: PodToPod, Samples: map[string][]Sample{}}
 		for _, f := range fallbacks {
 			c.Samples[PathTCP] = append(c.Samples[PathTCP], Sample{MBps: 1000})
-			c.Samples[PathBypass] = append(c.Samples[PathBypass], Sample{MBps: 900, Redirected: 10, BacklogFallbacks: f})
+			c.Samples[PathBypass] = append(c.Samples[PathBypass], Sample{MBps: 900, Redirected: 10, BacklogFallbacks: f % 10, StreamFallbacks: f / 10})
 		}
 		return c
 	}
@@ -27,12 +29,17 @@ func TestMarkdownNotes(t *testing.T) {
 			name:     "no fallback, statistics on",
 			rep:      Report{BPFStats: true, Cases: []*Case{stream(0, 0, 0)}},
 			want:     []string{"### iperf3 throughput, pod-to-pod, same-cpu"},
-			dontWant: []string{"fell back to TCP", "statistics were off"},
+			dontWant: []string{"moved to TCP", "statistics were off"},
 		},
 		{
 			name: "fallback in two runs of three",
 			rep:  Report{BPFStats: true, Cases: []*Case{stream(1, 0, 2)}},
-			want: []string{"### Bypass runs that fell back to TCP", "| iperf3 throughput | 16384 | pod-to-pod | same-cpu | 2 of 3 | 3 |"},
+			want: []string{"### Bypass runs that moved to TCP", "| iperf3 throughput | 16384 | pod-to-pod | same-cpu | 2 of 3 | 3 | 0 |"},
+		},
+		{
+			name: "small streams and backlog",
+			rep:  Report{BPFStats: true, Cases: []*Case{stream(10, 21, 0, 0)}},
+			want: []string{"### Bypass runs that moved to TCP", "| iperf3 throughput | 16384 | pod-to-pod | same-cpu | 2 of 4 | 1 | 3 |"},
 		},
 		{
 			name:     "statistics off",

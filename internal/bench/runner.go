@@ -261,6 +261,7 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	ours := d.Get(datapath.CounterRedirectMsgs)
 	theirs := bareAfter.Redirected - bareBefore.Redirected
 	s.BacklogFallbacks = d.Get(datapath.CounterFallbackBacklog)
+	s.StreamFallbacks = d.Get(datapath.CounterFallbackSmall)
 	s.Redirected = ours
 	if path == PathBare {
 		s.Redirected, s.BareMissed = theirs, bareAfter.Missed-bareBefore.Missed

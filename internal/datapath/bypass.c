@@ -795,6 +795,32 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 	return now - st->over_since > SL_BACKLOG_GRACE;
 }
 
+/* Whether the direction of st streams small sends one way, fast enough
+ * that TCP, which coalesces them, is faster (SL_STREAM_* in sl_consts.h).
+ * Runs where a small send opens a verdict window, so once a window:
+ * window_used is what was left of the previous one (0 if none was open),
+ * and what the other direction had sent when it opened (its verdicts, and
+ * what is left of its own window) is compared with what it has sent now. */
+static __always_inline int small_stream(struct sl_sock *st, struct sl_conn *c, __u32 dir, __u32 len, __u64 window_used)
+{
+	if (sl_settings.bypass_small_streams == SL_MODE_ON)
+		return 0;
+	__u32 now = (__u32)(bpf_ktime_get_ns() >> 10);
+	__u32 other = dir ^ 1;
+	__u32 rev = (__u32)(c->msgs[other] + c->tcp_msgs[other]) * 65537u + window_left(member_sock(st->slot, other));
+	/* Anything sent the other way, or a larger send, starts over; a
+	 * window used up slowly (its sends, about verdict_window / len of
+	 * them, more than SL_STREAM_GAP apart on average: a pause, a
+	 * preempted writer) does not count. */
+	if (!window_used || len >= SL_STREAM_SMALL || rev != st->rev_seen)
+		st->streak = 0;
+	else if ((__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * sl_settings.verdict_window)
+		st->streak++;
+	st->win_at = now;
+	st->rev_seen = rev;
+	return st->streak >= SL_STREAM_WINDOWS;
+}
+
 SEC("sk_msg")
 int sl_msg(struct sk_msg_md *msg)
 {
@@ -827,16 +853,18 @@ int sl_msg(struct sk_msg_md *msg)
 	}
 	__u8 reason = 0;
 	if (st->path == SL_PATH_BYPASS) {
+		/* A captured connection gets a verdict per send, so that
+		 * every send is seen; others open a window for small sends. */
+		struct sl_capture_cfg *cap = capture_of(c);
+		int small = !cap && sl_settings.verdict_window && len < sl_settings.verdict_window && c->msgs[dir];
 		reason = SL_C_FALLBACK_BACKLOG;
-		if (!peer_backlogged(st, dir ^ 1, redirected + len)) {
-			reason = SL_C_FALLBACK_PEER_GONE;
+		if (!peer_backlogged(st, dir ^ 1, redirected + len))
+			reason = small && small_stream(st, c, dir, len, redirected) ? SL_C_FALLBACK_SMALL_STREAM
+										    : SL_C_FALLBACK_PEER_GONE;
+		if (reason == SL_C_FALLBACK_PEER_GONE) {
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
-				/* A captured connection gets a verdict per send, so
-				 * that every send is seen. */
-				struct sl_capture_cfg *cap = capture_of(c);
 				__u64 window = 0;
-				if (!cap && sl_settings.verdict_window && len < sl_settings.verdict_window && c->msgs[dir] &&
-				    !bpf_msg_apply_bytes(msg, sl_settings.verdict_window)) {
+				if (small && !bpf_msg_apply_bytes(msg, sl_settings.verdict_window)) {
 					st->win_left = sl_settings.verdict_window - len;
 					window = 1;
 				}

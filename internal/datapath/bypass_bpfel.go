@@ -46,20 +46,22 @@ type bypassSlCaptureCfg struct {
 }
 
 type bypassSlConfig struct {
-	_              structs.HostLayout
-	Bypass         bypassSlMode
-	BacklogLimit   uint32
-	VerdictWindow  uint32
-	BypassBlocking bypassSlMode
-	BypassBrief    bypassSlMode
-	OwnerConns     uint32
-	OwnerListeners uint32
-	OwnerLbConns   uint32
-	OwnerAffinity  uint32
-	LbHostOnly     bypassSlMode
-	HostNetns      uint64
-	ListenerKptr   uint32
-	_              [4]byte
+	_                  structs.HostLayout
+	Bypass             bypassSlMode
+	BacklogLimit       uint32
+	VerdictWindow      uint32
+	BypassBlocking     bypassSlMode
+	BypassBrief        bypassSlMode
+	BypassSmallStreams bypassSlMode
+	OwnerConns         uint32
+	OwnerListeners     uint32
+	OwnerLbConns       uint32
+	OwnerAffinity      uint32
+	LbHostOnly         bypassSlMode
+	_                  [4]byte
+	HostNetns          uint64
+	ListenerKptr       uint32
+	_                  [4]byte
 }
 
 type bypassSlConn struct {
@@ -131,12 +133,13 @@ const (
 	bypassSlCounterSL_C_LISTENER_QUOTA          bypassSlCounter = 29
 	bypassSlCounterSL_C_FALLBACK_BYPASS_OFF     bypassSlCounter = 30
 	bypassSlCounterSL_C_BLOCKING_QUIET          bypassSlCounter = 31
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 32
+	bypassSlCounterSL_C_FALLBACK_SMALL_STREAM   bypassSlCounter = 32
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 33
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [32]uint64
+	C [33]uint64
 }
 
 type bypassSlDefaults uint32
@@ -229,7 +232,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 22
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 23
 )
 
 type bypassSlListener struct {
@@ -346,7 +349,10 @@ type bypassSlSock struct {
 	WinLeft   uint32
 	OverSince uint32
 	CheckLeft uint32
-	Pad2      uint32
+	WinAt     uint32
+	RevSeen   uint32
+	Streak    uint8
+	Pad2      [3]uint8
 }
 
 type bypassSlTuple struct {

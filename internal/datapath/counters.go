@@ -25,6 +25,7 @@ const (
 	CounterPassMsgs         = bypassSlCounterSL_C_PASS_MSGS
 	CounterPassBytes        = bypassSlCounterSL_C_PASS_BYTES
 	CounterFallbackBacklog  = bypassSlCounterSL_C_FALLBACK_BACKLOG
+	CounterFallbackSmall    = bypassSlCounterSL_C_FALLBACK_SMALL_STREAM
 	LBCounterSelected       = servicelbSlLbCounterSL_LB_SELECTED
 	LBCounterPolFirstPacket = servicelbSlLbCounterSL_LB_POL_FIRST_PACKET
 	LBCounterPolDenied      = servicelbSlLbCounterSL_LB_POL_DENIED_CONNECT

@@ -55,7 +55,7 @@ const (
 // connections learnt and left on TCP.
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
-		OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
+		BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
 		OwnerAffinity: DefaultOwnerAffinity, LbHostOnly: ModeOff}
 }
 
@@ -97,6 +97,9 @@ func (s Settings) Resolve(f Features) Settings {
 	s.BypassBlocking = s.BypassBlocking.resolve(f, true)
 	if s.BypassBrief == ModeAuto {
 		s.BypassBrief = ModeOff
+	}
+	if s.BypassSmallStreams == ModeAuto {
+		s.BypassSmallStreams = ModeOff
 	}
 	if s.BacklogLimit == 0 {
 		s.BacklogLimit = tcpRmemMax()
@@ -148,6 +151,8 @@ func settingTable() []setting {
 			usage: "connections with an end reading in blocking mode: tcp, bypass, per-process (on TCP only if the end's process handles a signal that can interrupt a read while it runs normally: SIGUSR1/2, SIGALRM, SIGCHLD, timers, job control, real-time signals...; read at connect(), listen() and the first send), or auto (per-process where the kernel's sockmap turns a blocking read interrupted by a signal into EAGAIN, found by behaviour at load; bypass elsewhere)"},
 		{name: "brief-connections", mode: func(s *Settings) *Mode { return &s.BypassBrief }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass"},
+		{name: "small-streams", mode: func(s *Settings) *Mode { return &s.BypassSmallStreams }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
+			usage: "a bypassed direction streaming sends under 128 bytes one way, fast (4 verdict windows used up with nothing sent back, each at sends about 4 us apart or closer): tcp (moved to TCP, which coalesces the writes; request/response traffic and slower streams keep the bypass) or bypass"},
 		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
 			usage: "sockets whose connects to service addresses are balanced at connect(): all (every managed socket, but pods opted out) or host (the host's network namespace only: pods' service traffic is left to kube-proxy, as a service mesh's sidecars need)"},
 		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,

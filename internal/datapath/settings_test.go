@@ -17,13 +17,13 @@ import (
 func TestSettingsReadBack(t *testing.T) {
 	for i, want := range []Settings{
 		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
-			OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
-			OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, LbHostOnly: ModeOn},
 		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
-			OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
-			OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, LbHostOnly: ModeOn},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
@@ -51,7 +51,8 @@ func TestSettingsReadBack(t *testing.T) {
 				t.Errorf("listener_kptr %d loaded on a kernel whose hash map kptr is %v", got.ListenerKptr, kptr)
 			}
 			other := Config{PinDir: dir, Settings: Settings{Bypass: ModeOn + ModeOff - want.Bypass, BacklogLimit: 99, VerdictWindow: 8,
-				BypassBlocking: ModeOn + ModeOff - want.BypassBlocking, BypassBrief: ModeOn + ModeOff - want.BypassBrief}}
+				BypassBlocking: ModeOn + ModeOff - want.BypassBlocking, BypassBrief: ModeOn + ModeOff - want.BypassBrief,
+				BypassSmallStreams: ModeOn + ModeOff - want.BypassSmallStreams}}
 			adopted, err := Open(other)
 			if err != nil {
 				t.Fatal(err)
@@ -135,6 +136,8 @@ func TestSettingFlags(t *testing.T) {
 		{"blocking-sockets", "maybe", nil, "want one of auto, bypass, tcp, per-process"},
 		{"brief-connections", "bypass", func(s Settings) bool { return s.BypassBrief == ModeOn }, ""},
 		{"brief-connections", "auto", nil, "want one of bypass, tcp"},
+		{"small-streams", "bypass", func(s Settings) bool { return s.BypassSmallStreams == ModeOn }, ""},
+		{"small-streams", "auto", nil, "want one of bypass, tcp"},
 		{"backlog-limit", "2097152", func(s Settings) bool { return s.BacklogLimit == 2097152 }, ""},
 		{"backlog-limit", "-1", nil, "want a number of bytes"},
 		{"verdict-window", "0", func(s Settings) bool { return s.VerdictWindow == 0 }, ""},

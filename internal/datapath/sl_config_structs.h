@@ -47,6 +47,12 @@ struct sl_config {
 	 * namespace and destination and left on TCP (SL_BRIEF_* in
 	 * sl_consts.h). */
 	enum sl_mode bypass_brief;
+	/* SL_MODE_ON: every bypassed direction stays bypassed whatever it
+	 * sends. Otherwise a direction streaming small sends one way, fast
+	 * (SL_STREAM_* in sl_consts.h), moves to TCP, which coalesces them:
+	 * a stream of 1-64 byte writes is up to three times faster on TCP
+	 * across CPUs. */
+	enum sl_mode bypass_small_streams;
 	/* What one owner (the cgroup of a socket, or of the process making
 	 * it: a pod's container) may hold of the node-wide tables (defaults
 	 * and bounds: enum sl_quota). Beyond it, its new connections stay on
@@ -82,6 +88,7 @@ struct sl_config {
 	.verdict_window = SL_DEFAULT_VERDICT_WINDOW,               \
 	.bypass_blocking = SL_MODE_OFF,                            \
 	.bypass_brief = SL_MODE_OFF,                               \
+	.bypass_small_streams = SL_MODE_OFF,                       \
 	.owner_conns = SL_OWNER_CONNS,                             \
 	.owner_listeners = SL_OWNER_LISTENERS,                     \
 	.owner_lb_conns = SL_OWNER_LB_CONNS,                       \

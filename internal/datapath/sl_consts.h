@@ -46,6 +46,8 @@ enum sl_counter {
 	SL_C_FALLBACK_BYPASS_OFF,     /* connections left on TCP: the datapath was loaded with the bypass off */
 	SL_C_BLOCKING_QUIET,          /* blocking ends let into the bypass: their process handles no signal
 				       * that can interrupt a read (--blocking-sockets per-process) */
+	SL_C_FALLBACK_SMALL_STREAM,   /* directions moved to TCP: a fast one-way stream of small sends,
+				       * which TCP coalesces (--small-streams tcp) */
 	SL_C_MAX,
 };
 
@@ -55,7 +57,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 22,
+	SL_LAYOUT_VERSION = 23,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -185,6 +187,19 @@ enum sl_sig_mask {
  * to a bare redirect); a limit of at least SO_RCVBUF is overshot by at
  * most this. */
 #define SL_BACKLOG_CHECK_BYTES (64 << 10)
+
+/* Streams of small sends (see small_stream in bypass.c): a direction whose
+ * sends are smaller than SL_STREAM_SMALL bytes moves to TCP once
+ * SL_STREAM_WINDOWS verdict windows were used up with nothing sent the
+ * other way (which starts the count over), each at most SL_STREAM_GAP
+ * units of 2^10 ns (about 4 us) a send on average (slower ones do not
+ * count): there TCP coalesces the writes into segments
+ * (Nagle, autocork) and wakes the reader once per segment, the bypass once
+ * per send. Request/response traffic, and one-way streams slower than
+ * that (a publisher's messages), keep the bypass and its latency. */
+#define SL_STREAM_SMALL 128
+#define SL_STREAM_WINDOWS 4
+#define SL_STREAM_GAP 4
 
 #define SL_TCPHDR_SYN 0x02
 #define SL_TCPHDR_ACK 0x10

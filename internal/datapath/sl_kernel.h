@@ -150,6 +150,16 @@ static __always_inline int peer_may_redirect(struct sock *sk)
 	return left || refs > 1;
 }
 
+/* The bytes left of sk's open verdict window (0 if none). */
+static __always_inline __u32 window_left(struct sock *sk)
+{
+	struct sk_psock *ps = psock_of(sk);
+	__u32 left = 0;
+	if (ps)
+		bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
+	return left;
+}
+
 /* Bytes copied from the head of a socket to find its cookie (in
  * sock_common, at 88 bytes on 6.18). */
 #define SL_SOCK_HEAD 128

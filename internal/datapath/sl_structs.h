@@ -176,7 +176,12 @@ struct sl_sock {
 			   * units of 2^20 ns (| 1); 0 while under it */
 	__u32 check_left; /* bytes to send before the peer's backlog is read
 			   * again (SL_BACKLOG_CHECK_BYTES) */
-	__u32 pad2;
+	__u32 win_at;    /* when the open verdict window was opened, in units
+			  * of 2^10 ns (small_stream) */
+	__u32 rev_seen;  /* what the other direction had sent then (small_stream) */
+	__u8 streak;     /* windows of small sends used up fast since the other
+			  * direction last sent (small_stream) */
+	__u8 pad2[3];
 };
 
 /* Scratch space for one process's signal handlers (sl_kernel.h). */

@@ -51,7 +51,7 @@ var (
 	famProgRuns    = family{"bpf_program_runs_total", "Runs of each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famProgSeconds = family{"bpf_program_run_seconds_total", "Time spent in each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famCollectErr  = family{"collection_errors_total", "Scrapes in which some part of the datapath could not be read.", prometheus.CounterValue, nil}
-	famSetting     = family{"datapath_setting", "The settings the running datapath was loaded with, by setting: backlog_limit_bytes, verdict_window_bytes, bypass_blocking and bypass_brief (1: such connections join the bypass, 0: they stay on TCP; bypass_blocking 0.5: decided per process).", prometheus.GaugeValue, []string{"setting"}}
+	famSetting     = family{"datapath_setting", "The settings the running datapath was loaded with, by setting: backlog_limit_bytes, verdict_window_bytes, bypass_blocking, bypass_brief and bypass_small_streams (1: such connections join or stay in the bypass, 0: they stay on or move to TCP; bypass_blocking 0.5: decided per process).", prometheus.GaugeValue, []string{"setting"}}
 	famBuild       = family{"build_info", "Always 1; the labels tell the socklane version and the Go version it was built with.", prometheus.GaugeValue, []string{"version", "goversion"}}
 )
 
@@ -88,6 +88,7 @@ var bypassCounters = map[string]counterRef{
 	"fallback_peer_gone":      {famFallbacks, "peer_gone"},
 	"fallback_blocking":       {famFallbacks, "blocking"},
 	"fallback_brief":          {famFallbacks, "brief"},
+	"fallback_small_stream":   {famFallbacks, "small_stream"},
 	"fallback_no_peer":        {famFallbacks, "no_peer"},
 	"fallback_no_handshake":   {famFallbacks, "no_handshake"},
 	"fallback_quota":          {famFallbacks, "quota"},

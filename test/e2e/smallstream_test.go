@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// TestSmallStreams: with --small-streams tcp (the default), a fast one-way
+// stream of small sends moves to TCP, which coalesces the writes, once
+// SL_STREAM_WINDOWS (4) verdict windows in a row were used up with nothing
+// sent back and the sends close together; both sockets then leave the map
+// and every byte arrives. Ping-pong of the same messages (the other
+// direction sends between windows), a one-way stream slower than the rule
+// (a send every 200 us) and sends of SL_STREAM_SMALL (128) bytes stay in the
+// bypass. With --small-streams bypass the fast stream stays too.
+func TestSmallStreams(t *testing.T) {
+	const (
+		port   = 7450
+		window = 4096 // the default verdict window
+	)
+	for _, setting := range []string{"tcp", "bypass"} {
+		t.Run(setting, func(t *testing.T) {
+			b := testutil.Bed(t)
+			in := testutil.NewInstance(t)
+			in.Settings = append(in.Settings, "--small-streams", setting)
+			srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+			in.Attach(srv, cli)
+			sink, echo := fmt.Sprintf("0.0.0.0:%d", port), fmt.Sprintf("0.0.0.0:%d", port+1)
+			start(t, srv, in.Bin, "peer", "sink", sink)
+			start(t, srv, in.Bin, "peer", "echo", echo)
+			waitPort(t, srv, sink)
+			waitPort(t, srv, echo)
+			to := func(p int) string { return fmt.Sprintf("%s:%d", srv.IPv4, p) }
+			for _, tc := range []struct {
+				name  string
+				args  []string
+				sent  uint64 // bytes the client sends
+				moves bool   // with --small-streams tcp
+			}{
+				{"fast stream", []string{"stream", to(port), "--size", "16", "--count", "40000"}, 16 * 40000, true},
+				{"ping-pong", []string{"pingpong", to(port + 1), "--size", "16", "--count", "4000", "--warmup", "0"}, 16 * 4000, false},
+				{"slow stream", []string{"stream", to(port), "--size", "16", "--count", "2000", "--interval", "200us"}, 16 * 2000, false},
+				{"128-byte sends", []string{"stream", to(port), "--size", "128", "--count", "20000"}, 128 * 20000, false},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					before := in.Counters()
+					// stream fails unless the sink counted every byte,
+					// pingpong unless every echo matched.
+					run(t, cli, 2*time.Minute, in.Bin, append([]string{"peer"}, tc.args...)...)
+					d := testutil.Delta(before, in.Counters())
+					mustEqual(t, d, "conns_bypassed", 1)
+					if !tc.moves || setting == "bypass" {
+						mustEqual(t, d, "fallback_small_stream", 0)
+						// Less the window open at the close, whose
+						// use is counted by sl_release.
+						if d["redirect_bytes"]+window < tc.sent {
+							t.Errorf("%d bytes redirected, want the %d sent, within a window (%s)", d["redirect_bytes"], tc.sent, nonzero(d))
+						}
+						return
+					}
+					// The first send, then a window opened by each
+					// verdict: the fifth window's verdict moves it at
+					// the earliest (a window of the stream's start,
+					// slower, may not count).
+					mustEqual(t, d, "fallback_small_stream", 1)
+					if r := d["redirect_bytes"]; r < 16+4*window || r > 16+10*window {
+						t.Errorf("%d bytes redirected before the move, want %d to %d (%s)", r, 16+4*window, 16+10*window, nonzero(d))
+					}
+					if d["pass_bytes"] == 0 {
+						t.Errorf("nothing went through TCP after the move (%s)", nonzero(d))
+					}
+					// Both ends leave the map: the receiver once it read
+					// what was redirected, the sender when it sees its
+					// incoming direction moved too.
+					deadline := time.Now().Add(10 * time.Second)
+					for d["evictions"] < 2 && time.Now().Before(deadline) {
+						time.Sleep(50 * time.Millisecond)
+						d = testutil.Delta(before, in.Counters())
+					}
+					if d["evictions"] < 2 {
+						t.Errorf("%d sockets left the map, want both (%s)", d["evictions"], nonzero(d))
+					}
+				})
+			}
+		})
+	}
+}
