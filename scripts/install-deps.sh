@@ -6,7 +6,7 @@ pkgs=(clang-19 llvm-19 libbpf-dev linux-libc-dev iproute2 iptables util-linux
       redis-server redis-tools nginx-light curl tcpdump
       qperf sockperf iperf3 dnsmasq-base bind9-dnsutils nftables
       containerd runc containernetworking-plugins
-      qemu-system-x86 busybox-static cpio file python3)
+      qemu-system-x86 busybox-static cpio file python3 default-jdk-headless)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

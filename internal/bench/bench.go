@@ -112,6 +112,11 @@ type Options struct {
 	// BypassSmallStreams keeps fast one-way streams of small sends in the
 	// bypass (by default they move to TCP: see datapath.Config).
 	BypassSmallStreams bool
+	// DefaultSettings loads the datapath as the agent does by default
+	// (blocking readers decided per process, as the kernel's bugs say)
+	// instead of bypassing every connection: each bypass sample then
+	// records the path its connections took, and why.
+	DefaultSettings bool
 	// BPFStats turns on the kernel's BPF run-time statistics for the run
 	// and reports each program's cost. They cost two clock reads per
 	// program run, which a short connection's dozen runs notice.
@@ -138,6 +143,10 @@ type Sample struct {
 	// StreamFallbacks: bypassed directions that moved to TCP during the
 	// run as fast one-way streams of small sends (fallback_small_stream).
 	StreamFallbacks uint64 `json:",omitempty"`
+	// KeptOnTCP: with --default-settings, why a bypass sample's
+	// connections stayed on TCP (the largest fallback counter's name), if
+	// nothing was redirected.
+	KeptOnTCP string `json:",omitempty"`
 	// BareMissed: sends of the bare path whose peer was not in its map
 	// (they went over TCP).
 	BareMissed uint64 `json:",omitempty"`
@@ -195,6 +204,12 @@ type Report struct {
 	// BypassSmallStreams: streams of small sends stayed in the bypass
 	// (--bypass-small-streams).
 	BypassSmallStreams bool `json:"bypass_small_streams,omitempty"`
+	// DefaultSettings: the datapath ran with the agent's defaults
+	// (--default-settings).
+	DefaultSettings bool `json:"default_settings,omitempty"`
+	// Settings are what socklane's datapath was loaded with (the
+	// defaults resolved on this kernel, or the bench's own).
+	Settings datapath.Settings `json:"settings"`
 	// BPFStats: the kernel's BPF run-time statistics were on (Programs).
 	BPFStats  bool              `json:"bpf_stats"`
 	Scenarios map[string]string `json:"scenarios"`
@@ -265,7 +280,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	// Measured whatever the kernel's bugs; external tools, and socklane's
 	// own peers with --io blocking, read in blocking mode.
 	settings := datapath.DefaultSettings()
-	settings.Bypass, settings.BypassBlocking, settings.VerdictWindow = datapath.ModeOn, datapath.ModeOn, o.VerdictWindow
+	settings.VerdictWindow = o.VerdictWindow
+	if !o.DefaultSettings {
+		settings.Bypass, settings.BypassBlocking = datapath.ModeOn, datapath.ModeOn
+	}
 	if o.BypassBrief {
 		settings.BypassBrief = datapath.ModeOn
 	}
@@ -294,7 +312,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	defer ref.Close()
 
-	r := &runner{o: o, self: self, client: client, server: server, host: host, dp: dp, bare: ref, ctx: ctx}
+	r := &runner{o: o, self: self, client: client, server: server, host: host, dp: dp, bare: ref, ctx: ctx, dir: sockDir}
 	if slices.Contains(o.Kinds, Services) {
 		if r.backends, err = serviceBackends(server); err != nil {
 			return nil, err
@@ -322,7 +340,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 
 	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief,
-		BypassSmallStreams: o.BypassSmallStreams, Scenarios: map[string]string{}}
+		BypassSmallStreams: o.BypassSmallStreams, DefaultSettings: o.DefaultSettings, Scenarios: map[string]string{}}
+	if rep.Settings, err = dp.Settings(); err != nil {
+		return nil, fmt.Errorf("reading the datapath's settings: %w", err)
+	}
 	if o.BPFStats {
 		stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 		if err != nil {

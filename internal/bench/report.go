@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -66,6 +67,9 @@ func (r *Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Kernel %s, %d CPUs; medians of %d interleaved repetitions of every path a table compares; socklane's own peers use %s socket I/O.\n", r.Kernel, r.CPUs, r.Reps, r.IO)
 	if r.BypassBrief {
 		fmt.Fprintln(w, "Every connection joined the bypass, brief ones too (--bypass-brief).")
+	}
+	if r.DefaultSettings {
+		fmt.Fprintln(w, "The datapath ran with the agent's default settings (--default-settings): \"bypass\" columns are socklane's default path, which a table's last column names.")
 	}
 	if r.BypassSmallStreams {
 		fmt.Fprintln(w, "Fast one-way streams of small sends stayed in the bypass (--bypass-small-streams).")
@@ -220,7 +224,7 @@ func (r *Report) servicesMarkdown(w io.Writer) {
 // toolMarkdown puts each external tool's figures beside socklane's own
 // client's ratio at the same size and placement (pod to pod).
 func (r *Report) toolMarkdown(w io.Writer) {
-	for _, tool := range Tools() {
+	for _, tool := range append(Tools(), Programs()...) {
 		for _, kind := range []string{Latency, Throughput} {
 			for _, pl := range r.placements() {
 				rows := r.rows(tool, kind, PodToPod, pl)
@@ -232,8 +236,16 @@ func (r *Report) toolMarkdown(w io.Writer) {
 					unit, f = "MB/s", mbps
 				}
 				fmt.Fprintf(w, "\n### %s %s, pod-to-pod, %s\n\n", tool, kind, pl)
-				fmt.Fprintf(w, "| size (B) | TCP %s | bypass %s | bare %s | bypass / TCP | bare / TCP | bypass / bare (range) | socklane client bypass / TCP |\n", unit, unit, unit)
-				fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+				fmt.Fprintf(w, "| size (B) | TCP %s | bypass %s | bare %s | bypass / TCP | bare / TCP | bypass / bare (range) | socklane client bypass / TCP |", unit, unit, unit)
+				if r.DefaultSettings {
+					fmt.Fprint(w, " socklane's path |")
+				}
+				fmt.Fprintln(w)
+				fmt.Fprint(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+				if r.DefaultSettings {
+					fmt.Fprint(w, "---|")
+				}
+				fmt.Fprintln(w)
 				for _, c := range rows {
 					t, b, x := c.Median(PathTCP, f), c.Median(PathBypass, f), c.Median(PathBare, f)
 					own := "-"
@@ -242,7 +254,11 @@ func (r *Report) toolMarkdown(w io.Writer) {
 							own = ratio(o.Median(PathBypass, f), o.Median(PathTCP, f))
 						}
 					}
-					fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s | %s | %s |\n", c.Size, t, b, x, ratio(b, t), ratio(x, t), c.pairRatio(PathBypass, PathBare, f), own)
+					fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f | %s | %s | %s | %s |", c.Size, t, b, x, ratio(b, t), ratio(x, t), c.pairRatio(PathBypass, PathBare, f), own)
+					if r.DefaultSettings {
+						fmt.Fprintf(w, " %s |", c.pathTaken())
+					}
+					fmt.Fprintln(w)
 				}
 			}
 		}
@@ -364,4 +380,33 @@ func (r *Report) portsMarkdown(w io.Writer) {
 				cn, cb, ratio(cb, cn), cw, ratio(cw, cn), c.Median(PathPortRules, programMs))
 		}
 	}
+}
+
+// pathTaken says which path a case's socklane samples took: bypass, or
+// TCP and why (--default-settings), per sample where they differ.
+func (c *Case) pathTaken() string {
+	ss := c.Samples[PathBypass]
+	kept := map[string]int{}
+	for _, s := range ss {
+		if s.KeptOnTCP != "" {
+			kept[s.KeptOnTCP]++
+		}
+	}
+	n := 0
+	var parts []string
+	for _, reason := range slices.Sorted(maps.Keys(kept)) {
+		n += kept[reason]
+		parts = append(parts, fmt.Sprintf("TCP (%s)", reason))
+		if kept[reason] != len(ss) {
+			parts[len(parts)-1] += fmt.Sprintf(" in %d of %d", kept[reason], len(ss))
+		}
+	}
+	if n < len(ss) {
+		b := "bypass"
+		if n > 0 {
+			b += fmt.Sprintf(" in %d of %d", len(ss)-n, len(ss))
+		}
+		parts = append([]string{b}, parts...)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -88,3 +88,37 @@ func TestPairRatio(t *testing.T) {
 		t.Errorf("without bare samples: %q, want -", got)
 	}
 }
+
+// TestPathTaken: what the report says of a case's socklane samples under
+// --default-settings, and which fallback counter names the reason.
+func TestPathTaken(t *testing.T) {
+	for _, tc := range []struct {
+		kept []string // per sample: why it stayed on TCP, "" if bypassed
+		want string
+	}{
+		{[]string{"", "", ""}, "bypass"},
+		{[]string{"blocking", "blocking"}, "TCP (blocking)"},
+		{[]string{"", "backlog", ""}, "bypass in 2 of 3, TCP (backlog) in 1 of 3"},
+		{[]string{"brief", "blocking"}, "TCP (blocking) in 1 of 2, TCP (brief) in 1 of 2"},
+	} {
+		c := &Case{Samples: map[string][]Sample{}}
+		for _, k := range tc.kept {
+			c.Samples[PathBypass] = append(c.Samples[PathBypass], Sample{KeptOnTCP: k})
+		}
+		if got := c.pathTaken(); got != tc.want {
+			t.Errorf("%q: %q, want %q", tc.kept, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		d    map[string]uint64
+		want string
+	}{
+		{map[string]uint64{"conns_tcp": 9, "fallback_blocking": 2, "fallback_brief": 1}, "blocking"},
+		{map[string]uint64{"fallback_blocking": 2, "fallback_brief": 2}, "blocking"},
+		{map[string]uint64{"conns_tcp": 1}, "unknown"},
+	} {
+		if got := keptOnTCP(tc.d); got != tc.want {
+			t.Errorf("keptOnTCP(%v) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}

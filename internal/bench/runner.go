@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/socklane/socklane/internal/bench/bare"
@@ -41,6 +42,7 @@ type runner struct {
 	addrs          []serverAddrs
 	backends       []netip.Addr // service backends: the server's two addresses
 	noDestroy      bool         // the kernel cannot destroy sockets: TIME_WAIT stays
+	dir            string       // the run's files (AF_UNIX sockets, programs' files)
 }
 
 // clearTimeWait removes the TIME_WAIT sockets that earlier short-connection
@@ -267,6 +269,8 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 		s.Redirected, s.BareMissed = theirs, bareAfter.Missed-bareBefore.Missed
 	}
 	switch {
+	case path == PathBypass && ours == 0 && r.o.DefaultSettings:
+		s.KeptOnTCP = keptOnTCP(d.Map())
 	case path == PathBypass && ours == 0:
 		return s, errors.New("bypass attached, yet no message was redirected")
 	case path != PathBypass && ours != 0:
@@ -365,4 +369,20 @@ func progress(w io.Writer, done, total int, c *Case, path string) {
 		unit = "wl"
 	}
 	fmt.Fprintf(w, "\r[%s] %3d%% %-19s %6d %-3s %-11s %-9s %-11s", bar, done*100/total, kind, c.Size, unit, c.Scenario, c.Placement, path)
+}
+
+// keptOnTCP names the fallback counter that moved most in d (the counters'
+// changes over a sample), without its prefix: why the sample's
+// connections stayed on TCP.
+func keptOnTCP(d map[string]uint64) string {
+	best, n := "", uint64(0)
+	for name, v := range d {
+		if reason, ok := strings.CutPrefix(name, "fallback_"); ok && (v > n || v == n && reason < best) {
+			best, n = reason, v
+		}
+	}
+	if best == "" {
+		return "unknown"
+	}
+	return best
 }

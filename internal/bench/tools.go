@@ -33,8 +33,14 @@ func InstalledTools() []string {
 
 func checkTools(tools []string) error {
 	for _, t := range tools {
+		if slices.Contains(Programs(), t) {
+			if err := programInstalled(t); err != nil {
+				return fmt.Errorf("%w (apt-get install it), or leave %s out of --tools", err, t)
+			}
+			continue
+		}
 		if !slices.Contains(Tools(), t) {
-			return fmt.Errorf("unknown tool %q: want some of %v", t, Tools())
+			return fmt.Errorf("unknown tool %q: want some of %v", t, append(Tools(), Programs()...))
 		}
 		if _, err := exec.LookPath(t); err != nil {
 			return fmt.Errorf("tool %s is not installed (apt-get install %s), or leave it out of --tools", t, t)
@@ -57,8 +63,11 @@ func (r *runner) toolCases() []*Case {
 	var cs []*Case
 	for _, tool := range r.o.Tools {
 		kinds := []string{Latency, Throughput}
-		if tool == Iperf3 {
+		switch {
+		case tool == Iperf3:
 			kinds = []string{Throughput}
+		case slices.Contains(Programs(), tool):
+			kinds = programKinds(tool)
 		}
 		for _, kind := range kinds {
 			for _, size := range r.o.ToolSizes {
@@ -94,7 +103,7 @@ func (r *runner) startToolServers() error {
 	if len(r.o.Tools) > 0 {
 		time.Sleep(500 * time.Millisecond) // servers listening
 	}
-	return nil
+	return r.startProgramServers(r.dir)
 }
 
 func (r *runner) placementIndex(c *Case) int {
@@ -136,6 +145,8 @@ func (r *runner) measureTool(c *Case) (Sample, error) {
 		args = []string{"sockperf", "throughput", "--tcp", "-i", ip, "-p", strconv.Itoa(sockperfPort + i), "-m", size, "-t", secs}
 	case c.Tool == Iperf3:
 		args = []string{"iperf3", "--client", ip, "--port", strconv.Itoa(iperf3Port + i), "-t", secs, "-l", size, "--json"}
+	case slices.Contains(Programs(), c.Tool):
+		return r.measureProgram(c, r.dir)
 	default:
 		return Sample{}, fmt.Errorf("no %s measurement for %s", c.Kind, c.Tool)
 	}

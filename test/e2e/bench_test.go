@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/socklane/socklane/internal/bench"
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testutil"
 )
@@ -146,6 +147,67 @@ func TestBenchNetpoll(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), `--io "epoll": want blocking or netpoll`) {
 		t.Errorf("bench --io epoll: %v\n%s", err, out)
 	}
+}
+
+// TestBenchPrograms runs the programs (redis-server with redis-benchmark,
+// python3's http.server with urllib, Java's blocking sockets) small, with
+// the agent's default settings, and checks on the kernel's counters which
+// path each took: redis (event-driven) and python (blocking, no signal that
+// can interrupt a read) bypassed, Java (blocking; the JVM handles signals
+// that can) kept on TCP where the kernel has the interrupted-read bug, and
+// the report's last column says so. No speed is asserted.
+func TestBenchPrograms(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Binary(t)
+	for _, cmd := range []string{"redis-server", "redis-benchmark", "python3", "java", "javac"} {
+		if _, err := exec.LookPath(cmd); err != nil && testutil.InCI() {
+			t.Fatalf("%s is not installed: scripts/install-deps.sh installs it", cmd)
+		} else if err != nil {
+			t.Skipf("skipped: %s is not installed (scripts/install-deps.sh installs it)", cmd)
+		}
+	}
+	jsonPath := filepath.Join(t.TempDir(), "bench.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "bench", "--default-settings", "--measure", "latency", "--scenarios", "pod-to-pod", "--sizes", "64",
+		"--reps", "1", "--count", "300", "--tools", "redis,python,java", "--tool-sizes", "1024", "--tool-duration", "1s", "--json", jsonPath).CombinedOutput()
+	if err != nil {
+		t.Fatalf("socklane bench --tools redis,python,java: %v\n%s", err, out)
+	}
+	rep := readReport(t, jsonPath)
+	if !rep.DefaultSettings || !strings.Contains(string(out), "socklane's path") {
+		t.Errorf("report: default settings %v; want true and the path column\n%s", rep.DefaultSettings, out)
+	}
+	// Per process where the kernel has the interrupted-read bug.
+	perProcess := rep.Settings.BypassBlocking == datapath.ModeProcess
+	seen := map[string]int{}
+	for _, c := range rep.Cases {
+		if c.Tool == "" {
+			continue
+		}
+		seen[c.Tool]++
+		want := ""
+		if c.Tool == bench.Java && perProcess {
+			want = "blocking"
+		}
+		for _, path := range []string{bench.PathTCP, bench.PathBypass, bench.PathBare} {
+			if len(c.Samples[path]) != 1 {
+				t.Errorf("%s %s %s: %d samples on %s, want 1", c.Tool, c.Kind, c.Placement, len(c.Samples[path]), path)
+			}
+		}
+		for _, s := range c.Samples[bench.PathBypass] {
+			if s.KeptOnTCP != want || (want == "") != (s.Redirected > 0) {
+				t.Errorf("%s %s %s: kept on TCP for %q with %d messages redirected; want %q", c.Tool, c.Kind, c.Placement, s.KeptOnTCP, s.Redirected, want)
+			}
+		}
+	}
+	// redis and java latency, python throughput: one case a placement each.
+	for _, tool := range bench.Programs() {
+		if seen[tool] != 2 {
+			t.Errorf("%d cases of %s, want 2 (one a placement)\n%s", seen[tool], tool, out)
+		}
+	}
+	t.Logf("%s", out)
 }
 
 // TestBenchScrape runs `socklane bench scrape` small: services programmed,

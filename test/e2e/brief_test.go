@@ -41,11 +41,7 @@ func TestBriefConnections(t *testing.T) {
 	)
 	for _, setting := range []string{"tcp", "bypass"} {
 		t.Run(setting, func(t *testing.T) {
-			b := testutil.Bed(t)
-			in := testutil.NewInstance(t)
-			in.Settings = append(in.Settings, "--brief-connections", setting)
-			srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-			in.Attach(srv, cli)
+			b, in, srv, cli := serverClient(t, "--brief-connections", setting)
 			listen := "0.0.0.0:" + strconv.Itoa(briefPort)
 			start(t, srv, in.Bin, "peer", "echo", listen)
 			waitPort(t, srv, listen)

@@ -583,3 +583,15 @@ func routeVIPsNowhere(t *testing.T, pods ...*testbed.Pod) {
 		}
 	}
 }
+
+// serverClient starts an instance loaded with settings (flags and values)
+// and attaches it to two new pods of a new bed, a server's and a client's.
+func serverClient(t *testing.T, settings ...string) (b *testbed.Bed, in *testutil.Instance, srv, cli *testbed.Pod) {
+	t.Helper()
+	b = testutil.Bed(t)
+	in = testutil.NewInstance(t)
+	in.Settings = append(in.Settings, settings...)
+	srv, cli = testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+	in.Attach(srv, cli)
+	return b, in, srv, cli
+}

@@ -23,11 +23,7 @@ func TestSmallStreams(t *testing.T) {
 	)
 	for _, setting := range []string{"tcp", "bypass"} {
 		t.Run(setting, func(t *testing.T) {
-			b := testutil.Bed(t)
-			in := testutil.NewInstance(t)
-			in.Settings = append(in.Settings, "--small-streams", setting)
-			srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-			in.Attach(srv, cli)
+			_, in, srv, cli := serverClient(t, "--small-streams", setting)
 			sink, echo := fmt.Sprintf("0.0.0.0:%d", port), fmt.Sprintf("0.0.0.0:%d", port+1)
 			start(t, srv, in.Bin, "peer", "sink", sink)
 			start(t, srv, in.Bin, "peer", "echo", echo)
