@@ -805,14 +805,20 @@ static __always_inline int small_stream(struct sl_sock *st, struct sl_conn *c, _
 {
 	if (sl_settings.bypass_small_streams == SL_MODE_ON)
 		return 0;
+	/* A larger send starts over; it needs neither the clock nor the
+	 * peer (a stale snapshot only makes the next window count less). */
+	if (len >= SL_STREAM_SMALL) {
+		st->streak = 0;
+		return 0;
+	}
 	__u32 now = (__u32)(bpf_ktime_get_ns() >> 10);
 	__u32 other = dir ^ 1;
 	__u32 rev = (__u32)(c->msgs[other] + c->tcp_msgs[other]) * 65537u + window_left(member_sock(st->slot, other));
-	/* Anything sent the other way, or a larger send, starts over; a
-	 * window used up slowly (its sends, about verdict_window / len of
-	 * them, more than SL_STREAM_GAP apart on average: a pause, a
-	 * preempted writer) does not count. */
-	if (!window_used || len >= SL_STREAM_SMALL || rev != st->rev_seen)
+	/* Anything sent the other way starts over; a window used up slowly
+	 * (its sends, about verdict_window / len of them, more than
+	 * SL_STREAM_GAP apart on average: a pause, a preempted writer) does
+	 * not count. */
+	if (!window_used || rev != st->rev_seen)
 		st->streak = 0;
 	else if ((__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * sl_settings.verdict_window)
 		st->streak++;
