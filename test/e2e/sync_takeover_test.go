@@ -84,7 +84,7 @@ func TestSyncTakeover(t *testing.T) {
 	b.waitStatus(a, "active", 20*time.Second, func(st statesync.Status) bool { return st.Active })
 	b.bootstrapped()
 	rng := rand.New(rand.NewPCG(11, 12))
-	b.churn(rng, []*syncNode{a}, 2000, 1500)
+	b.churn(rng, []*syncNode{a}, 2000, 0, 1500)
 	b.converged(20 * time.Second)
 	// The standbys know which node is active (it says so in heartbeats).
 	for _, n := range []*syncNode{bn, c} {
@@ -100,7 +100,7 @@ func TestSyncTakeover(t *testing.T) {
 
 	// node-b cut off; node-a writes on; node-c gets it all.
 	b.cut(bn, true)
-	b.churn(rng, []*syncNode{a}, 3000, 1500)
+	b.churn(rng, []*syncNode{a}, 3000, 0, 1500)
 	final := b.dumps(a)
 	deadline := time.Now().Add(20 * time.Second)
 	for d := b.dumps(c); !sameDumps(d, final); d = b.dumps(c) {
@@ -140,7 +140,7 @@ func TestSyncTakeover(t *testing.T) {
 	}
 
 	// The new active publishes: node-c follows it.
-	b.churn(rng, []*syncNode{bn}, 500, 1500)
+	b.churn(rng, []*syncNode{bn}, 500, 0, 1500)
 	b.nodes = []*syncNode{bn, c}
 	b.converged(20 * time.Second)
 	if st, err := b.status(c); err != nil || st.Active {
@@ -214,7 +214,7 @@ func TestSyncPeersFromAPI(t *testing.T) {
 	}
 	b.bootstrapped()
 	rng := rand.New(rand.NewPCG(13, 14))
-	b.churn(rng, b.nodes, 2000, 1500)
+	b.churn(rng, b.nodes, 2000, 0, 1500)
 	b.converged(20 * time.Second)
 	a, c := b.nodes[0], b.nodes[2]
 	if st, err := b.status(a); err != nil || len(st.Peers) != 2 {
@@ -236,6 +236,6 @@ func TestSyncPeersFromAPI(t *testing.T) {
 		}
 		return false
 	})
-	b.churn(rng, b.nodes, 1000, 1500)
+	b.churn(rng, b.nodes, 1000, 0, 1500)
 	b.converged(20 * time.Second)
 }
