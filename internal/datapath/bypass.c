@@ -190,10 +190,23 @@ static __always_inline int listener_blocks(struct sl_conn *c, __u8 *sig)
  * returned it, the last socket its listener handed out says, or else the
  * listening socket's own mode (event-driven servers listen non-blocking,
  * blocking servers block in accept). A listener that predates socklane is
- * assumed non-blocking. */
+ * assumed non-blocking. A socket accepted blocking from a listener whose
+ * sockets were non-blocking when they first sent is one its process has
+ * not set up yet (postgres' postmaster accepts, its backend makes the
+ * socket non-blocking): the listener predicts it, and is not taught the
+ * passing mode; the server's first send checks the mode it reads with. */
 static __always_inline int server_blocks(struct sl_conn *c, __u32 slot, __u8 *sig)
 {
 	int b = sock_blocking(member_sock(slot, SL_ROLE_SERVER));
+	if (b == 1) {
+		struct sl_listener l;
+		listener_of(c, &l);
+		struct sl_listener_val *v = bpf_map_lookup_elem(&sl_listeners, &l);
+		if (v && v->info.accepted == SL_ACCEPTED_NONBLOCKING) {
+			*sig = v->info.signals;
+			return 0;
+		}
+	}
 	if (b >= 0) {
 		note_listener(c, slot, b, SL_SIG_UNKNOWN);
 		*sig = c->signals[SL_ROLE_SERVER];
@@ -384,15 +397,18 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	 * its file is known here (connect() has not returned yet). So does a
 	 * server whose listener hands out blocking sockets: deciding before it
 	 * joins means its first read never runs in the sockmap's receive path.
-	 * A listener not known keeps it on TCP too, and is learned from this
-	 * socket at its first transmit after accept(). */
+	 * A listener not known keeps it on TCP too. Either is learned from this
+	 * socket at its first transmit of data after accept(): a server that
+	 * listens blocking and makes what it accepts non-blocking (postgres'
+	 * backends) is bypassed from its next connection on. */
 	__u8 lsig = SL_SIG_UNKNOWN;
 	int lb = sl_settings.bypass_blocking != SL_MODE_ON ? listener_blocks(c, &lsig) : 0;
 	c->signals[SL_ROLE_SERVER] = lsig;
+	int listener_tcp = 0;
 	if (lb < 0 || blocking_keeps_tcp(sock_blocking(member_sock(slot, SL_ROLE_CLIENT)), c->signals[SL_ROLE_CLIENT]) ||
-	    blocking_keeps_tcp(lb, lsig)) {
+	    (listener_tcp = blocking_keeps_tcp(lb, lsig))) {
 		__u32 why = lb < 0 ? SL_C_FALLBACK_NO_LISTENER : SL_C_FALLBACK_BLOCKING;
-		if (lb < 0) {
+		if (lb < 0 || listener_tcp) {
 			st->learn = 1;
 			set_flags(skops, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
 		}
@@ -564,9 +580,12 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 		set_flags(skops, 0, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		return;
 	}
-	if (st->learn) {
-		/* A server kept on TCP for its unknown listener: once
-		 * accept() gave it a file, its mode is the listener's. */
+	if (st->learn && skops->skb_len) {
+		/* A server kept on TCP for its listener (unknown, or predicted
+		 * blocking): at its first transmit of data its process has set
+		 * the file up (a pure ACK may leave before accept(), or before
+		 * the process switched the file to non-blocking), so its mode
+		 * is what the listener hands out. */
 		struct sock *self = (struct sock *)bpf_skc_to_tcp_sock(sk);
 		int b = sock_blocking(self);
 		if (b >= 0) {

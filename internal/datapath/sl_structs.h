@@ -167,8 +167,9 @@ struct sl_sock {
 	__u8 in_map;
 	__u8 evict_peer; /* remove the peer from sl_sockhash at the next callback */
 	__u8 checked;    /* this socket's file mode was looked at */
-	__u8 learn;      /* a server kept on TCP for its unknown listener: learn the
-			  * listener's mode from this socket at its first transmit */
+	__u8 learn;      /* a server kept on TCP for its listener (unknown, or
+			  * predicted blocking): learn the listener's mode from
+			  * this socket at its first transmit of data */
 	__u8 signals;    /* enum sl_signals of the process that connected (a client
 			  * reading in blocking mode, per-process mode) */
 	__u32 win_left;  /* bytes of the open verdict window not yet counted */

@@ -33,12 +33,15 @@ func lastLine(s string) string {
 // Both leave by os._exit: Python's own exit puts its handlers back to the
 // defaults, and the signals still arriving would then end it.
 const blockingPeer = `
-import os, socket, signal, sys, time
+import os, select, socket, signal, sys, time
 role, where, conns = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sig = sys.argv[5] if len(sys.argv) > 5 else ""
 if sig:
     signal.signal(getattr(signal, sig), lambda s, f: None)
 if role == "server":
+    # "nonblocking": listen and accept blocking, then make each accepted
+    # socket non-blocking and wait in select(), as postgres' backends do.
+    nb = sys.argv[4] == "nonblocking"
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("0.0.0.0", int(where)))
@@ -46,12 +49,18 @@ if role == "server":
     print("listening", flush=True)
     for _ in range(conns):
         c, _ = ls.accept()
+        c.setblocking(not nb)
         while True:
+            if nb:
+                select.select([c], [], [])
             b = c.recv(65536)
             if not b:
                 break
             time.sleep(0.002) # the client waits in its read meanwhile
-            c.sendall(b)
+            while b:
+                if nb:
+                    select.select([], [c], [])
+                b = b[c.send(b):]
         c.close()
     os._exit(0)
 host, port = where.rsplit(":", 1)
@@ -97,7 +106,11 @@ func TestBlockingSignals(t *testing.T) {
 	tests := []struct {
 		name, setting, serverSig, clientSig string
 		bypassed                            bool
-		signalServer                        bool
+		// nonblocking: the server accepts blocking and reads its
+		// accepted sockets non-blocking; the first connection, predicted
+		// from the listener, stays on TCP and teaches it.
+		nonblocking  bool
+		signalServer bool
 		// meetsBug: forced into the bypass, the client's interrupted
 		// read answers EAGAIN where the kernel has the bug.
 		meetsBug bool
@@ -106,6 +119,7 @@ func TestBlockingSignals(t *testing.T) {
 		{name: "client interrupted by its SIGALRM timer", clientSig: "SIGALRM"},
 		{name: "server handling SIGUSR1, sent it while serving", serverSig: "SIGUSR1", signalServer: true},
 		{name: "client handling SIGTERM only (a stop request)", clientSig: "SIGTERM", bypassed: true},
+		{name: "server handling SIGUSR1, accepted sockets non-blocking", serverSig: "SIGUSR1", signalServer: true, nonblocking: true},
 		{name: "quiet ends, --blocking-sockets tcp", setting: "tcp"},
 		{name: "the SIGALRM client forced into the bypass", clientSig: "SIGALRM", setting: "bypass", meetsBug: true},
 	}
@@ -120,7 +134,11 @@ func TestBlockingSignals(t *testing.T) {
 			in.Attach(srv, cli)
 			port := strconv.Itoa(9300 + i)
 			before := in.Counters()
-			server := start(t, srv, "python3", script, "server", port, strconv.Itoa(conns), "0", tt.serverSig)
+			mode := "blocking"
+			if tt.nonblocking {
+				mode = "nonblocking"
+			}
+			server := start(t, srv, "python3", script, "server", port, strconv.Itoa(conns), mode, tt.serverSig)
 			waitPort(t, srv, "0.0.0.0:"+port)
 			stop := make(chan struct{})
 			if tt.signalServer {
@@ -158,6 +176,12 @@ func TestBlockingSignals(t *testing.T) {
 			}
 			d := testutil.Delta(before, in.Counters())
 			t.Logf("%s", nonzero(d))
+			if tt.nonblocking {
+				mustEqual(t, d, "fallback_blocking", 1)
+				mustAtLeast(t, d, "conns_bypassed", conns-1)
+				mustAtLeast(t, d, "redirect_bytes", 2*(conns-1)*size)
+				return
+			}
 			if tt.bypassed {
 				mustAtLeast(t, d, "conns_bypassed", conns)
 				mustAtLeast(t, d, "blocking_quiet", conns)
