@@ -134,6 +134,15 @@ func newPeerCmd() *cobra.Command {
 		return peer.PingPong(ctx, addr, mode, size, count, warmup)
 	})
 	pingpong.Flags().IntVar(&warmup, "warmup", 100, "round trips before measuring")
+	httpServer := listenCmd("http-server", func(ctx context.Context, addr string, _ peer.IO, ready func(string)) error {
+		return peer.HTTPServe(ctx, addr, ready)
+	})
+	httpServer.Short = "Go net/http server: GET /N answers N bytes"
+	httpGets := clientCmd("http-gets", func(ctx context.Context, url string) (any, error) {
+		return peer.HTTPGets(ctx, url, size, count, warmup)
+	})
+	httpGets.Short = "Go net/http client: --count GETs of --size bytes over one kept-alive connection, timed"
+	httpGets.Flags().IntVar(&warmup, "warmup", 100, "requests before measuring")
 	var interval time.Duration
 	stream := benchCmd("stream", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
 		return peer.StreamPaced(ctx, addr, mode, size, duration, count, interval)
@@ -291,7 +300,7 @@ func newPeerCmd() *cobra.Command {
 	reach.Flags().DurationVar(&reachTimeout, "timeout", 2*time.Second, "give each probe this long")
 	reach.Flags().StringVar(&reachBind, "bind", "", "send from this local address")
 	cmd.AddCommand(newUDPFloodCmd())
-	cmd.AddCommand(reach, server, client, echo, sink, pingpong, stream, connects, whoami, bindshow, bindloop, probe, hold, request, pause,
+	cmd.AddCommand(reach, server, client, echo, sink, pingpong, stream, connects, httpServer, httpGets, whoami, bindshow, bindloop, probe, hold, request, pause,
 		newPlantCmd(), newVictimCmd(), newFastOpenCmd(), newOpenCmd(), newListenCmd(), fanout)
 	return cmd
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	_ "embed"
 	"fmt"
 	"os"
@@ -10,195 +11,237 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 )
 
 // Programs people run, measured pod to pod like the tools (--tools names
 // them; none runs unless asked): each one's own server and client.
 const (
-	Redis  = "redis"  // redis-server and redis-benchmark, one client: GET round trips
-	Python = "python" // python3's http.server and urllib: a file fetched over a new connection each time
-	Java   = "java"   // Java's blocking sockets (java.net.Socket): ping-pong
+	Redis    = "redis"     // redis-server and redis-benchmark, one client: GET round trips
+	RedisCLI = "redis-cli" // redis-server and redis-cli (blocking reads): GET round trips
+	Python   = "python"    // python3's http.server and urllib: a file fetched over a new connection each time
+	Java     = "java"      // Java's blocking sockets (java.net.Socket): ping-pong
+	Nginx    = "nginx"     // nginx (a master and one worker, sendfile) and curl: GETs over one kept-alive connection
+	GoHTTP   = "go-http"   // Go's net/http server and client: GETs over one kept-alive connection
+	Postgres = "postgres"  // postgres and pgbench -S: one client's select-only transactions
 )
 
-// Programs lists them.
-func Programs() []string { return []string{Redis, Python, Java} }
-
-// programCommands are the commands a program's measurement runs.
-func programCommands(tool string) []string {
-	switch tool {
-	case Redis:
-		return []string{"redis-server", "redis-benchmark"}
-	case Python:
-		return []string{"python3"}
-	case Java:
-		return []string{"java"}
-	}
-	return []string{tool}
+// program is how bench runs one of them: the commands it needs, what it
+// measures, its server (one per placement, on port+placement index) and
+// its client.
+type program struct {
+	name     string
+	commands []string // looked up with lookProgram
+	kind     string   // Latency (round trips) or Throughput
+	unsized  bool     // its messages are its own (one case, size 0), not --tool-sizes
+	port     int
+	start    func(r *runner, cpu, port int) error
+	measure  func(r *runner, c *Case, ip string, port int) (Sample, error)
 }
 
-// Base ports of the programs' servers, one per placement.
-const (
-	redisPort  = 16379
-	pythonPort = 18000
-	javaPort   = 18100
-)
-
-//go:embed programs/PingPong.java
-var javaPingPong []byte
-
-// pythonFetch fetches URL over a new connection each time for SECS seconds
-// and prints the bytes per second it read.
-const pythonFetch = `import sys, time, urllib.request
-url, secs = sys.argv[1], float(sys.argv[2])
-n, start = 0, time.monotonic()
-while time.monotonic() - start < secs:
-    with urllib.request.urlopen(url) as r:
-        n += len(r.read())
-print("bytes_per_sec=%f" % (n / (time.monotonic() - start)))
-`
-
-// programKinds are what a program measures.
-func programKinds(tool string) []string {
-	if tool == Python {
-		return []string{Throughput}
+// programs are the programs bench knows, in the order of Programs.
+func programs() []program {
+	return []program{
+		{name: Redis, commands: []string{"redis-server", "redis-benchmark"}, kind: Latency, port: 16379, start: startRedis, measure: measureRedis},
+		{name: RedisCLI, commands: []string{"redis-server", "redis-cli"}, kind: Latency, port: 16479, start: startRedis, measure: measureRedisCLI},
+		{name: Python, commands: []string{"python3"}, kind: Throughput, port: 18000, start: startPython, measure: measurePython},
+		{name: Java, commands: []string{"java"}, kind: Latency, port: 18100, start: startJava, measure: measureJava},
+		{name: Nginx, commands: []string{"nginx", "curl"}, kind: Latency, port: 18200, start: startNginx, measure: measureNginx},
+		{name: GoHTTP, kind: Latency, port: 18300, start: startGoHTTP, measure: measureGoHTTP},
+		{name: Postgres, commands: []string{"postgres", "initdb", "pgbench", "setpriv"}, kind: Latency, unsized: true, port: 15432, start: startPostgres, measure: measurePostgres},
 	}
-	return []string{Latency}
+}
+
+// Programs lists them.
+func Programs() []string {
+	var names []string
+	for _, p := range programs() {
+		names = append(names, p.name)
+	}
+	return names
+}
+
+func programNamed(name string) (program, bool) {
+	i := slices.IndexFunc(programs(), func(p program) bool { return p.name == name })
+	if i < 0 {
+		return program{}, false
+	}
+	return programs()[i], true
+}
+
+// lookProgram finds a program's command on PATH, or postgres' own under
+// /usr/lib/postgresql (Debian keeps them off PATH), newest version first.
+func lookProgram(cmd string) (string, error) {
+	if path, err := exec.LookPath(cmd); err == nil {
+		return path, nil
+	}
+	found, _ := filepath.Glob(filepath.Join("/usr/lib/postgresql", "*", "bin", cmd))
+	slices.SortFunc(found, func(a, b string) int { return pgVersion(b) - pgVersion(a) })
+	if len(found) > 0 {
+		return found[0], nil
+	}
+	return "", fmt.Errorf("%s not found", cmd)
+}
+
+// pgVersion is the major version in /usr/lib/postgresql/N/bin/x.
+func pgVersion(path string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(path))))
+	return v
+}
+
+// programInstalled reports the first command of tool missing.
+func programInstalled(tool string) error {
+	p, _ := programNamed(tool)
+	for _, cmd := range p.commands {
+		if _, err := lookProgram(cmd); err != nil {
+			return fmt.Errorf("%s needs %s, which is not installed", tool, cmd)
+		}
+	}
+	return nil
 }
 
 // startProgramServers starts each asked-for program's server per
-// placement; files they serve or run live in dir.
-func (r *runner) startProgramServers(dir string) error {
-	for i, p := range r.o.Placements {
+// placement and waits until each accepts connections (Java compiles its
+// source first, postgres creates its database).
+func (r *runner) startProgramServers() error {
+	for i, pl := range r.o.Placements {
 		for _, tool := range r.o.Tools {
-			var err error
-			switch tool {
-			case Redis:
-				err = r.startPinned(p.ServerCPU, tool, "redis-server", "--port", strconv.Itoa(redisPort+i), "--bind", "0.0.0.0",
-					"--protected-mode", "no", "--save", "", "--appendonly", "no", "--daemonize", "no")
-			case Python:
-				root := filepath.Join(dir, "www")
-				if err = os.MkdirAll(root, 0o755); err == nil {
-					err = r.startPinned(p.ServerCPU, tool, "python3", "-m", "http.server", strconv.Itoa(pythonPort+i), "--bind", "0.0.0.0", "--directory", root)
+			if p, ok := programNamed(tool); ok {
+				if err := p.start(r, pl.ServerCPU, p.port+i); err != nil {
+					return fmt.Errorf("starting the %s server: %w", tool, err)
 				}
-			case Java:
-				src := filepath.Join(dir, "PingPong.java")
-				if err = os.WriteFile(src, javaPingPong, 0o644); err == nil {
-					err = r.startPinned(p.ServerCPU, tool, "java", src, "server", strconv.Itoa(javaPort+i))
-				}
-			}
-			if err != nil {
-				return err
 			}
 		}
 	}
-	if hasProgram(r.o.Tools) {
-		// Java compiles its source at start: wait for every server.
-		return r.waitPrograms()
-	}
-	return nil
-}
-
-func hasProgram(tools []string) bool {
-	return slices.ContainsFunc(tools, func(t string) bool { return slices.Contains(Programs(), t) })
-}
-
-// waitPrograms waits until each program server accepts connections.
-func (r *runner) waitPrograms() error {
 	for i := range r.o.Placements {
 		for _, tool := range r.o.Tools {
-			port := 0
-			switch tool {
-			case Redis:
-				port = redisPort + i
-			case Python:
-				port = pythonPort + i
-			case Java:
-				port = javaPort + i
-			default:
-				continue
-			}
-			if err := waitListening(r.server, port); err != nil {
-				return fmt.Errorf("%s server: %w", tool, err)
+			if p, ok := programNamed(tool); ok {
+				if err := waitListening(r.server, p.port+i); err != nil {
+					return fmt.Errorf("%s server: %w", tool, err)
+				}
 			}
 		}
 	}
 	return nil
 }
 
-// programFile is the file the python case fetches: size bytes.
-func programFile(dir string, size int) (string, error) {
-	name := fmt.Sprintf("f%d", size)
-	path := filepath.Join(dir, "www", name)
-	if _, err := os.Stat(path); err == nil {
-		return name, nil
+// measureProgram runs one program client; latencies are round trips.
+func (r *runner) measureProgram(c *Case) (Sample, error) {
+	p, ok := programNamed(c.Tool)
+	if !ok {
+		return Sample{}, fmt.Errorf("no measurement for %s", c.Tool)
 	}
-	return name, os.WriteFile(path, []byte(strings.Repeat("x", size)), 0o644)
+	return p.measure(r, c, r.server.IPv4.String(), p.port+r.placementIndex(c))
+}
+
+// runParsed runs a client command and reads the one number re finds in
+// its output.
+func (r *runner) runParsed(c *Case, re *regexp.Regexp, args ...string) (float64, error) {
+	out, err := r.run(r.client, r.clientCPU(c), args...)
+	if err != nil {
+		return 0, err
+	}
+	return parseNumber(out, re, c.Tool)
+}
+
+// parseNumber reads the number re's first group finds in a tool's
+// output, which must be positive.
+func parseNumber(out []byte, re *regexp.Regexp, tool string) (float64, error) {
+	m := re.FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("no result in %s output %q", tool, out)
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("%s result %q", tool, m[1])
+	}
+	return v, nil
 }
 
 var (
 	redisRPS = regexp.MustCompile(`"GET","([0-9.]+)"`)
 	javaRTT  = regexp.MustCompile(`rtt_us=([0-9.]+)`)
 	pyRate   = regexp.MustCompile(`bytes_per_sec=([0-9.]+)`)
+	pgLat    = regexp.MustCompile(`latency average = ([0-9.]+) ms`)
+	pgTPS    = regexp.MustCompile(`tps = ([0-9.]+)`)
 )
 
-// measureProgram runs one program client; latencies are round trips.
-func (r *runner) measureProgram(c *Case, dir string) (Sample, error) {
-	i := r.placementIndex(c)
-	ip := r.server.IPv4.String()
-	size := strconv.Itoa(c.Size)
-	count := strconv.Itoa(r.o.Count)
-	var args []string
-	var re *regexp.Regexp
-	switch c.Tool {
-	case Redis:
-		args = []string{"redis-benchmark", "-h", ip, "-p", strconv.Itoa(redisPort + i), "-c", "1", "-n", count, "-t", "get", "-d", size, "--csv"}
-		re = redisRPS
-	case Python:
-		name, err := programFile(dir, c.Size)
-		if err != nil {
-			return Sample{}, err
-		}
-		secs := strconv.FormatFloat(r.o.ToolDuration.Seconds(), 'f', 3, 64)
-		args = []string{"python3", "-c", pythonFetch, fmt.Sprintf("http://%s:%d/%s", ip, pythonPort+i, name), secs}
-		re = pyRate
-	case Java:
-		args = []string{"java", filepath.Join(dir, "PingPong.java"), "client", ip, strconv.Itoa(javaPort + i), size, count}
-		re = javaRTT
-	default:
-		return Sample{}, fmt.Errorf("no measurement for %s", c.Tool)
+func startRedis(r *runner, cpu, port int) error {
+	return r.startPinned(cpu, Redis, "redis-server", "--port", strconv.Itoa(port), "--bind", "0.0.0.0",
+		"--protected-mode", "no", "--save", "", "--appendonly", "no", "--daemonize", "no")
+}
+
+func measureRedis(r *runner, c *Case, ip string, port int) (Sample, error) {
+	rps, err := r.runParsed(c, redisRPS, "redis-benchmark", "-h", ip, "-p", strconv.Itoa(port), "-c", "1",
+		"-n", strconv.Itoa(r.o.Count), "-t", "get", "-d", strconv.Itoa(c.Size), "--csv")
+	return Sample{Mean: 1e6 / rps, MsgRate: rps}, err
+}
+
+// measureRedisCLI has redis-cli repeat a GET over its one connection:
+// the round trip is what count repeats take beyond a tenth of them (the
+// difference leaves out starting the client and connecting).
+func measureRedisCLI(r *runner, c *Case, ip string, port int) (Sample, error) {
+	args := []string{"redis-cli", "-h", ip, "-p", strconv.Itoa(port)}
+	if _, err := r.run(r.client, r.clientCPU(c), append(args, "SET", "k", strings.Repeat("x", c.Size))...); err != nil {
+		return Sample{}, err
 	}
-	out, err := r.run(r.client, r.clientCPU(c), args...)
+	n := max(r.o.Count, 100)
+	timed := func(count int) (time.Duration, error) {
+		start := time.Now()
+		out, err := r.run(r.client, r.clientCPU(c), append(args, "-r", strconv.Itoa(count), "GET", "k")...)
+		if err != nil {
+			return 0, err
+		}
+		if got := bytes.Count(out, []byte("\n")); got != count {
+			return 0, fmt.Errorf("redis-cli answered %d GETs of %d", got, count)
+		}
+		return time.Since(start), nil
+	}
+	few, err := timed(n / 10)
 	if err != nil {
 		return Sample{}, err
 	}
-	m := re.FindSubmatch(out)
-	if m == nil {
-		return Sample{}, fmt.Errorf("no result in %s output %q", c.Tool, out)
+	all, err := timed(n)
+	if err != nil {
+		return Sample{}, err
 	}
-	v, err := strconv.ParseFloat(string(m[1]), 64)
-	if err != nil || v <= 0 {
-		return Sample{}, fmt.Errorf("%s result %q", c.Tool, m[1])
+	rtt := float64((all - few).Nanoseconds()) / 1e3 / float64(n-n/10)
+	if rtt <= 0 {
+		return Sample{}, fmt.Errorf("redis-cli: %d GETs took %v, %d took %v", n, all, n/10, few)
 	}
-	switch c.Tool {
-	case Redis:
-		return Sample{Mean: 1e6 / v, MsgRate: v}, nil
-	case Python:
-		return Sample{MBps: v / 1e6}, nil
-	}
-	return Sample{Mean: v}, nil
+	return Sample{Mean: rtt, MsgRate: 1e6 / rtt}, nil
 }
 
-// programInstalled reports the first command of tool missing from PATH.
-func programInstalled(tool string) error {
-	for _, cmd := range programCommands(tool) {
-		if _, err := exec.LookPath(cmd); err != nil {
-			return fmt.Errorf("%s needs %s, which is not installed", tool, cmd)
-		}
+//go:embed programs/PingPong.java
+var javaPingPong []byte
+
+func startJava(r *runner, cpu, port int) error {
+	src := filepath.Join(r.dir, "PingPong.java")
+	if err := os.WriteFile(src, javaPingPong, 0o644); err != nil {
+		return err
 	}
-	return nil
+	return r.startPinned(cpu, Java, "java", src, "server", strconv.Itoa(port))
+}
+
+func measureJava(r *runner, c *Case, ip string, port int) (Sample, error) {
+	rtt, err := r.runParsed(c, javaRTT, "java", filepath.Join(r.dir, "PingPong.java"), "client", ip, strconv.Itoa(port),
+		strconv.Itoa(c.Size), strconv.Itoa(r.o.Count))
+	return Sample{Mean: rtt}, err
+}
+
+func startGoHTTP(r *runner, cpu, port int) error {
+	return r.startPinned(cpu, GoHTTP, r.self, "peer", "http-server", fmt.Sprintf("0.0.0.0:%d", port))
+}
+
+func measureGoHTTP(r *runner, c *Case, ip string, port int) (Sample, error) {
+	var l peer.Latency
+	err := r.runJSON(r.client, c, &l, r.self, "peer", "http-gets", fmt.Sprintf("http://%s:%d", ip, port),
+		"--size", strconv.Itoa(c.Size), "--count", strconv.Itoa(r.o.Count), "--warmup", strconv.Itoa(min(1000, r.o.Count/10+1)))
+	return Sample{Mean: l.Mean, P50: l.P50, P99: l.P99, P999: l.P999, Max: l.Max, MsgRate: 1e6 / l.Mean}, err
 }
 
 // waitListening waits up to a minute for a listener on port in pod's
@@ -220,3 +263,7 @@ func waitListening(pod *testbed.Pod, port int) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// stopSignal asks a server to stop on its own (postgres and nginx end
+// their children); stopServers kills what is left after a grace period.
+const stopSignal = syscall.SIGINT

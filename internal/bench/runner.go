@@ -99,10 +99,25 @@ func (r *runner) startPinned(cpu int, what, name string, args ...string) error {
 	return nil
 }
 
+// stopServers asks every server to stop (postgres and nginx end their
+// children that way), then kills what has not within five seconds.
 func (r *runner) stopServers() {
 	for _, c := range r.servers {
-		_ = c.Process.Kill()
-		_ = c.Wait()
+		_ = c.Process.Signal(stopSignal)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, c := range r.servers {
+		done := make(chan struct{})
+		go func() {
+			_ = c.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Until(deadline)):
+			_ = c.Process.Kill()
+			<-done
+		}
 	}
 }
 
@@ -298,26 +313,31 @@ func (r *runner) measurePeer(c *Case, path string) (Sample, error) {
 	case Throughput:
 		args = []string{"stream", addr, "--size", strconv.Itoa(c.Size), "--count", "0", "--duration", r.o.Duration.String()}
 	}
-	args = append(args, "--io", string(r.o.IO))
-	out, err := r.run(r.clientPod(c), r.clientCPU(c), append([]string{r.self, "peer"}, args...)...)
-	if err != nil {
-		return Sample{}, err
-	}
+	args = append([]string{r.self, "peer"}, append(args, "--io", string(r.o.IO))...)
 	var s Sample
 	if c.Kind == Throughput {
 		var tp peer.Throughput
-		if err := json.Unmarshal(out, &tp); err != nil {
-			return s, fmt.Errorf("parsing %q: %w", out, err)
-		}
+		err := r.runJSON(r.clientPod(c), c, &tp, args...)
 		s.MBps, s.MsgRate = tp.MBps, tp.MsgRate
-	} else {
-		var l peer.Latency
-		if err := json.Unmarshal(out, &l); err != nil {
-			return s, fmt.Errorf("parsing %q: %w", out, err)
-		}
-		s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
+		return s, err
 	}
-	return s, nil
+	var l peer.Latency
+	err := r.runJSON(r.clientPod(c), c, &l, args...)
+	s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
+	return s, err
+}
+
+// runJSON runs a client command in pod on the case's client CPU and
+// decodes what it prints into v.
+func (r *runner) runJSON(pod *testbed.Pod, c *Case, v any, args ...string) error {
+	out, err := r.run(pod, r.clientCPU(c), args...)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(out, v); err != nil {
+		return fmt.Errorf("parsing %q: %w", out, err)
+	}
+	return nil
 }
 
 // run runs a client command in pod on cpu and returns its standard output.

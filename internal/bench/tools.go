@@ -62,15 +62,18 @@ const (
 func (r *runner) toolCases() []*Case {
 	var cs []*Case
 	for _, tool := range r.o.Tools {
-		kinds := []string{Latency, Throughput}
-		switch {
-		case tool == Iperf3:
+		kinds, sizes := []string{Latency, Throughput}, r.o.ToolSizes
+		if tool == Iperf3 {
 			kinds = []string{Throughput}
-		case slices.Contains(Programs(), tool):
-			kinds = programKinds(tool)
+		}
+		if p, ok := programNamed(tool); ok {
+			kinds = []string{p.kind}
+			if p.unsized {
+				sizes = []int{0}
+			}
 		}
 		for _, kind := range kinds {
-			for _, size := range r.o.ToolSizes {
+			for _, size := range sizes {
 				if tool == Sockperf && size < sockperfMinSize {
 					continue
 				}
@@ -103,7 +106,7 @@ func (r *runner) startToolServers() error {
 	if len(r.o.Tools) > 0 {
 		time.Sleep(500 * time.Millisecond) // servers listening
 	}
-	return r.startProgramServers(r.dir)
+	return r.startProgramServers()
 }
 
 func (r *runner) placementIndex(c *Case) int {
@@ -146,7 +149,7 @@ func (r *runner) measureTool(c *Case) (Sample, error) {
 	case c.Tool == Iperf3:
 		args = []string{"iperf3", "--client", ip, "--port", strconv.Itoa(iperf3Port + i), "-t", secs, "-l", size, "--json"}
 	case slices.Contains(Programs(), c.Tool):
-		return r.measureProgram(c, r.dir)
+		return r.measureProgram(c)
 	default:
 		return Sample{}, fmt.Errorf("no %s measurement for %s", c.Kind, c.Tool)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -149,30 +150,34 @@ func TestBenchNetpoll(t *testing.T) {
 	}
 }
 
-// TestBenchPrograms runs the programs (redis-server with redis-benchmark,
-// python3's http.server with urllib, Java's blocking sockets) small, with
-// the agent's default settings, and checks on the kernel's counters which
-// path each took: redis (event-driven) and python (blocking, no signal that
-// can interrupt a read) bypassed, Java (blocking; the JVM handles signals
+// TestBenchPrograms runs the programs (redis-server with redis-benchmark
+// and with redis-cli, python3's http.server with urllib, Java's blocking sockets, nginx with
+// curl, Go's net/http on both ends, postgres with pgbench) small, with the
+// agent's default settings, and checks on the kernel's counters which path
+// each took: the event-driven ones, redis-cli and python (blocking, no
+// signal that can interrupt a read) bypassed, Java (blocking; the JVM handles signals
 // that can) kept on TCP where the kernel has the interrupted-read bug, and
 // the report's last column says so. No speed is asserted.
 func TestBenchPrograms(t *testing.T) {
 	testutil.RequireRoot(t)
 	bin := testutil.Binary(t)
-	for _, cmd := range []string{"redis-server", "redis-benchmark", "python3", "java", "javac"} {
-		if _, err := exec.LookPath(cmd); err != nil && testutil.InCI() {
-			t.Fatalf("%s is not installed: scripts/install-deps.sh installs it", cmd)
-		} else if err != nil {
-			t.Skipf("skipped: %s is not installed (scripts/install-deps.sh installs it)", cmd)
-		}
+	for _, cmd := range []string{"redis-server", "redis-benchmark", "redis-cli", "python3", "java", "javac", "nginx", "curl", "setpriv"} {
+		testutil.RequireCommand(t, cmd)
+	}
+	if _, err := os.Stat("/usr/lib/postgresql"); err != nil {
+		testutil.RequireCommand(t, "postgres")
+	}
+	tools := []string{bench.Redis, bench.RedisCLI, bench.Python, bench.Java, bench.Nginx, bench.GoHTTP, bench.Postgres}
+	if !slices.Equal(tools, bench.Programs()) {
+		t.Fatalf("bench lists programs %v; this test runs %v", bench.Programs(), tools)
 	}
 	jsonPath := filepath.Join(t.TempDir(), "bench.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, "bench", "--default-settings", "--measure", "latency", "--scenarios", "pod-to-pod", "--sizes", "64",
-		"--reps", "1", "--count", "300", "--tools", "redis,python,java", "--tool-sizes", "1024", "--tool-duration", "1s", "--json", jsonPath).CombinedOutput()
+		"--reps", "1", "--count", "300", "--tools", strings.Join(tools, ","), "--tool-sizes", "1024", "--tool-duration", "1s", "--json", jsonPath).CombinedOutput()
 	if err != nil {
-		t.Fatalf("socklane bench --tools redis,python,java: %v\n%s", err, out)
+		t.Fatalf("socklane bench --tools %s: %v\n%s", strings.Join(tools, ","), err, out)
 	}
 	rep := readReport(t, jsonPath)
 	if !rep.DefaultSettings || !strings.Contains(string(out), "socklane's path") {
@@ -201,8 +206,9 @@ func TestBenchPrograms(t *testing.T) {
 			}
 		}
 	}
-	// redis and java latency, python throughput: one case a placement each.
-	for _, tool := range bench.Programs() {
+	// One case a placement each (python measures throughput, the others
+	// latency; postgres one size of its own).
+	for _, tool := range tools {
 		if seen[tool] != 2 {
 			t.Errorf("%d cases of %s, want 2 (one a placement)\n%s", seen[tool], tool, out)
 		}
