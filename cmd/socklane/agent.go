@@ -46,7 +46,7 @@ socklane with 'socklane down'.`,
 			if err != nil {
 				return err
 			}
-			cfg.Sync, cfg.SyncLease, cfg.SyncPods = sc, lease, sf.pods
+			cfg.Sync, cfg.SyncLease, cfg.SyncPods, cfg.SyncPodsNodeGrace = sc, lease, sf.pods, sf.podsNodeGrace
 			return agent.Run(ctx, cfg, g.logger(os.Stderr))
 		},
 	}

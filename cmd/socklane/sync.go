@@ -10,6 +10,7 @@ import (
 
 	"github.com/socklane/socklane/internal/agent"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/podtable"
 	"github.com/socklane/socklane/internal/statesync"
 	"github.com/socklane/socklane/internal/syncpb"
 	"github.com/spf13/cobra"
@@ -32,6 +33,7 @@ type syncFlags struct {
 	takeoverTimeout   time.Duration
 	peersFrom         string
 	pods              bool
+	podsNodeGrace     time.Duration
 }
 
 func (f *syncFlags) add(cmd *cobra.Command) {
@@ -44,6 +46,7 @@ func (f *syncFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.cert, "sync-cert", "", "this node's sync certificate (PEM), naming --node-name; read again at every handshake")
 	fl.StringVar(&f.key, "sync-key", "", "the key of --sync-cert (PEM)")
 	fl.BoolVar(&f.pods, "sync-pods", false, "with --kube-policies: publish this node's pods to the other nodes through the sync (socklane's pod table) and take theirs from it, instead of watching every pod of the cluster")
+	fl.DurationVar(&f.podsNodeGrace, "sync-pods-node-grace", podtable.NodeGoneGrace, "with --sync-pods: how long a node with pods in the pod table may be missing from the cluster's nodes (the API server's) before its pods are deleted from the table")
 	fl.DurationVar(&f.digest, "sync-digest-interval", statesync.DefaultDigestInterval, "how often each node sends digests of the entries it wrote (anti-entropy)")
 	fl.DurationVar(&f.bootstrap, "sync-bootstrap-timeout", statesync.DefaultBootstrapTimeout, "how long to wait for the peers' state before reading the local maps at start")
 	fl.IntVar(&f.logSize, "sync-log-size", statesync.DefaultLogSize, "changes kept for peers that reconnect (a peer further behind gets a snapshot)")

@@ -85,6 +85,10 @@ type Config struct {
 	// table), this node's pods are published through the sync and the
 	// other nodes' read from it, instead of watching every pod.
 	SyncPods bool
+	// SyncPodsNodeGrace is how long a node with pods in the pod table may
+	// be missing from the cluster's nodes before its pods are deleted
+	// (0: podtable.NodeGoneGrace).
+	SyncPodsNodeGrace time.Duration
 }
 
 // Validate checks the settings that do not need the kernel.
@@ -100,6 +104,9 @@ func (c Config) Validate() error {
 	}
 	if c.KubePolicies && c.PoliciesFile != "" {
 		return errors.New("--kube-policies and --policies: give one source of policies")
+	}
+	if c.SyncPodsNodeGrace < 0 || (c.SyncPodsNodeGrace > 0 && c.SyncPodsNodeGrace < time.Second) {
+		return fmt.Errorf("--sync-pods-node-grace %s: want at least 1s (a node that just joined publishes before every agent lists it)", c.SyncPodsNodeGrace)
 	}
 	if c.SyncPods && (!c.KubePolicies || c.Sync == nil) {
 		return errors.New("--sync-pods publishes and reads pods for --kube-policies through the sync: it needs --kube-policies and --sync-listen")
@@ -282,7 +289,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 		defer syncEngine.Close()
-		sp, err := newSyncedPods(ctx, syncEngine, cfg.PinDir(), cfg.NodeName, log)
+		sp, err := newSyncedPods(ctx, syncEngine, cfg.PinDir(), cfg.NodeName, cfg.SyncPodsNodeGrace, log)
 		if err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -30,7 +31,7 @@ type syncedPods struct {
 
 // newSyncedPods opens the pod table of the datapath pinned in pinDir; the
 // engine must sync it. It runs until ctx ends.
-func newSyncedPods(ctx context.Context, e *statesync.Engine, pinDir, node string, log *slog.Logger) (*syncedPods, error) {
+func newSyncedPods(ctx context.Context, e *statesync.Engine, pinDir, node string, grace time.Duration, log *slog.Logger) (*syncedPods, error) {
 	m, err := ebpf.LoadPinnedMap(datapath.PodTablePin(pinDir), nil)
 	if err != nil {
 		return nil, fmt.Errorf("opening the pod table: %w", err)
@@ -42,6 +43,9 @@ func newSyncedPods(ctx context.Context, e *statesync.Engine, pinDir, node string
 	}
 	s := &syncedPods{e: e, m: m, node: node, pub: podtable.NewPublisher(e, m, node), changed: make(chan struct{}, 1),
 		log: log, refused: map[string]bool{}}
+	if grace > 0 {
+		s.pub.Grace = grace
+	}
 	go func() {
 		// The first publish waits for the peers' state (Publish skips
 		// until then); the bootstrap's end asks for it.
@@ -95,6 +99,21 @@ func (s *syncedPods) Pods() ([]*policy.Pod, error) {
 		s.log.Warn("pod table records that do not decode, left out", "records", bad)
 	}
 	return pods, err
+}
+
+// Prune deletes the records of nodes the cluster has stopped listing
+// (after the publisher's grace) once the sync has its peers' state.
+func (s *syncedPods) Prune(live func(node string) bool, nodes int) (bool, error) {
+	select {
+	case <-s.e.Bootstrapped():
+	default:
+		return false, nil
+	}
+	gone, err := s.pub.Prune(live, nodes, time.Now())
+	if len(gone) > 0 {
+		s.log.Info("pod table: records of nodes the cluster no longer lists deleted", "nodes", gone)
+	}
+	return len(gone) > 0, err
 }
 
 // Changed is signalled when peers wrote the table, and when the sync has

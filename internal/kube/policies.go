@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -87,7 +88,15 @@ type RemotePods interface {
 	Pods() ([]*policy.Pod, error)
 	// Changed is signalled when Pods may say something new.
 	Changed() <-chan struct{}
+	// Prune deletes the pods of nodes the cluster stopped listing (live
+	// says whether it lists one; nodes: how many) and says whether it
+	// deleted any.
+	Prune(live func(node string) bool, nodes int) (bool, error)
 }
+
+// pruneInterval is how often the nodes the cluster lists are compared
+// with the nodes that have pods in the remote table.
+const pruneInterval = 10 * time.Second
 
 // WatchPolicies keeps apply fed with the cluster's network policies until
 // ctx ends: NetworkPolicies, Namespaces and Pods through informers, this
@@ -106,12 +115,22 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 	nsInf := f.Core().V1().Namespaces()
 	podFactory, what := f, "networkpolicies, namespaces and pods"
 	var remoteChanged <-chan struct{}
+	var prune <-chan time.Time
+	var nodeLister corelisters.NodeLister
 	if remote != nil {
 		podFactory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 		}))
 		defer podFactory.Shutdown()
-		what, remoteChanged = "networkpolicies, namespaces and this node's pods", remote.Changed()
+		what, remoteChanged = "networkpolicies, namespaces, nodes and this node's pods", remote.Changed()
+		// Nodes only say which nodes' pods to keep: no handler, so that
+		// their status updates do not rebuild the policies.
+		nodeInf := f.Core().V1().Nodes()
+		nodeInf.Informer()
+		nodeLister = nodeInf.Lister()
+		t := time.NewTicker(pruneInterval)
+		defer t.Stop()
+		prune = t.C
 	}
 	podInf := podFactory.Core().V1().Pods()
 	kick := make(chan struct{}, 1)
@@ -151,6 +170,11 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 		case <-remoteChanged:
 			changed()
 			continue
+		case <-prune:
+			if pruneRemote(nodeLister, remote, log) {
+				changed()
+			}
+			continue
 		case <-kick:
 		}
 		if !settle(ctx, kick, quiet) {
@@ -186,6 +210,25 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 		}
 		log.Info("kubernetes network policies applied", "policies", len(set.Policies), "pods", len(set.Pods), "other_nodes_pods", remotes, "latency", time.Since(start))
 	}
+}
+
+// pruneRemote has remote delete the pods of nodes the cluster no longer
+// lists, and says whether it deleted any.
+func pruneRemote(nodes corelisters.NodeLister, remote RemotePods, log *slog.Logger) bool {
+	list, err := nodes.List(labels.Everything())
+	if err != nil {
+		log.Error("listing the cluster's nodes", "err", err)
+		return false
+	}
+	live := make(map[string]bool, len(list))
+	for _, n := range list {
+		live[n.Name] = true
+	}
+	deleted, err := remote.Prune(func(n string) bool { return live[n] }, len(live))
+	if err != nil {
+		log.Error("deleting the pods of nodes the cluster no longer lists", "err", err)
+	}
+	return deleted
 }
 
 // withRemote publishes set's pods (this node's) and adds the other nodes'

@@ -11,9 +11,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"google.golang.org/protobuf/proto"
@@ -108,11 +110,75 @@ type Publisher struct {
 	// held are the keys this node wrote; nil until the first Sync has
 	// read what an earlier run left.
 	held map[[16]byte]bool
+	// missing are the nodes with records in the table that the cluster
+	// did not list at the last Prune, and since when.
+	missing map[string]time.Time
+	// Grace is how long Prune waits for a missing node to be listed
+	// again (NodeGoneGrace unless set).
+	Grace time.Duration
 }
+
+// NodeGoneGrace is how long a node with records in the table must be
+// missing from the cluster's nodes before Prune deletes its records: a
+// node that just joined publishes its pods as soon as it runs, which
+// another node's view of the cluster may not show yet.
+const NodeGoneGrace = time.Minute
 
 // NewPublisher publishes node's pods to the pod table m through w.
 func NewPublisher(w Writer, m *ebpf.Map, node string) *Publisher {
-	return &Publisher{w: w, m: m, node: node}
+	return &Publisher{w: w, m: m, node: node, missing: map[string]time.Time{}, Grace: NodeGoneGrace}
+}
+
+// Prune deletes the records of nodes the cluster has not listed for
+// p.Grace (live says whether it lists a node; nodes: how many it
+// lists), which nobody else would: a node that left for good deletes
+// nothing, and its addresses may never be reused. With no node listed
+// at all (a cluster that does not list its nodes to this agent) it
+// deletes nothing. It returns the nodes whose records it deleted.
+func (p *Publisher) Prune(live func(node string) bool, nodes int, now time.Time) (gone []string, err error) {
+	if nodes == 0 {
+		return nil, nil
+	}
+	byNode := map[string][][16]byte{}
+	err = walk(p.m, func(k [16]byte, _ []byte, r *syncpb.PodRecord) {
+		if r != nil && r.Node != p.node && !live(r.Node) {
+			byNode[r.Node] = append(byNode[r.Node], k)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	for n := range p.missing {
+		if _, ok := byNode[n]; !ok {
+			delete(p.missing, n)
+		}
+	}
+	var errs []error
+	cur := make([]byte, ValueSize)
+	for _, n := range slices.Sorted(maps.Keys(byNode)) {
+		since, ok := p.missing[n]
+		if !ok {
+			p.missing[n] = now
+			continue
+		}
+		if now.Sub(since) < p.Grace {
+			continue
+		}
+		for _, k := range byNode[n] {
+			if err := p.m.Lookup(datapath.PodKey{Addr: k}, cur); err != nil {
+				continue // gone already
+			}
+			if r, err := Decode(cur); err != nil || r.Node != n {
+				continue // rewritten since the walk
+			}
+			if err := p.w.Publish(datapath.PodTableName, k[:], nil); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		delete(p.missing, n)
+		gone = append(gone, n)
+	}
+	return gone, errors.Join(errs...)
 }
 
 // Result says what a Sync did; Refused says which pods were left out and

@@ -2,9 +2,12 @@ package podtable
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"google.golang.org/protobuf/proto"
@@ -195,5 +198,74 @@ func TestPublisher(t *testing.T) {
 	}
 	if _, bad, _ := Remote(m, "node-a"); bad != 1 {
 		t.Errorf("an empty record: %d bad, want 1", bad)
+	}
+}
+
+// TestPrune: records of a node the cluster no longer lists are deleted
+// once it has been missing for NodeGoneGrace, not before, not if it was
+// listed again meanwhile, never this node's own, and nothing when the
+// cluster lists no node at all.
+func TestPrune(t *testing.T) {
+	m := newTable(t)
+	w := &mapWriter{m: m}
+	pa, pb, pc := NewPublisher(w, m, "node-a"), NewPublisher(w, m, "node-b"), NewPublisher(w, m, "node-c")
+	for _, step := range []struct {
+		p   *Publisher
+		pod *policy.Pod
+	}{
+		{pa, pod("x", "web", nil, "198.18.1.10")},
+		{pb, pod("y", "cli", nil, "198.18.2.20", "2001:db8::20")},
+		{pc, pod("z", "db", nil, "198.18.3.30")},
+	} {
+		if _, err := step.p.Sync([]*policy.Pod{step.pod}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	listed := map[string]bool{"node-b": true}
+	live := func(n string) bool { return listed[n] }
+	t0 := time.Unix(1000, 0)
+	nodesOf := func() map[string]int {
+		recs, _, err := Read(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int{}
+		for _, r := range recs {
+			out[r.Node]++
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		after time.Duration
+		list  []string // nodes listed, node-b always
+		none  bool     // the cluster lists no node
+		gone  []string
+		left  map[string]int
+	}{
+		{name: "first seen missing", gone: nil, left: map[string]int{"node-a": 1, "node-b": 2, "node-c": 1}},
+		{name: "within the grace", after: NodeGoneGrace / 2, gone: nil, left: map[string]int{"node-a": 1, "node-b": 2, "node-c": 1}},
+		{name: "node-c listed again", after: NodeGoneGrace * 3 / 4, list: []string{"node-c"}, gone: nil, left: map[string]int{"node-a": 1, "node-b": 2, "node-c": 1}},
+		{name: "no node listed at all", after: 2 * NodeGoneGrace, none: true, gone: nil, left: map[string]int{"node-a": 1, "node-b": 2, "node-c": 1}},
+		{name: "node-c missing again: its grace starts over", after: 2*NodeGoneGrace + time.Second, gone: nil, left: map[string]int{"node-a": 1, "node-b": 2, "node-c": 1}},
+		{name: "past the grace: this node's own records stay", after: 3*NodeGoneGrace + 2*time.Second, gone: []string{"node-c"}, left: map[string]int{"node-a": 1, "node-b": 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listed = map[string]bool{"node-b": true}
+			for _, n := range tc.list {
+				listed[n] = true
+			}
+			count := len(listed)
+			if tc.none {
+				count = 0
+			}
+			gone, err := pa.Prune(live, count, t0.Add(tc.after))
+			if err != nil || !slices.Equal(gone, tc.gone) {
+				t.Fatalf("prune: %v %v, want %v gone", gone, err, tc.gone)
+			}
+			if got := nodesOf(); !maps.Equal(got, tc.left) {
+				t.Errorf("records by node: %v, want %v", got, tc.left)
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"text/template"
@@ -195,7 +196,8 @@ func TestDeploy(t *testing.T) {
 	syncSet := map[string]any{"enabled": true, "port": 7400, "certSecret": "socklane-sync", "lease": "lb-pair", "pods": true,
 		"maps": []any{"/sys/fs/bpf/lb/conntrack,changes=/sys/fs/bpf/lb,mode=active-standby"}}
 	portsSet := map[string]any{"workloads": []any{map[string]any{"name": "ci-a", "selector": "app=ci", "ports": []any{map[string]any{"port": 3000}}, "pool": "20000-20099"}}}
-	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}, {"sync": syncSet}, {"kubePodSelector": "app=web", "kubePolicies": true, "sync": syncSet}, {"ports": portsSet}} {
+	for _, set := range []map[string]any{{}, {"podSelector": "app=web", "kubeServices": false}, {"kubePodSelector": "app=web"}, {"kubePodSelector": "app=web", "kubePolicies": true}, {"metricsWebConfigSecret": "socklane-web"}, {"sync": syncSet}, {"kubePodSelector": "app=web", "kubePolicies": true, "sync": syncSet},
+		{"kubePodSelector": "app=web", "kubePolicies": true, "kubeServices": false, "sync": syncSet}, {"ports": portsSet}} {
 		chart := renderChart(t, filepath.Join(root, "helm", "socklane"), "sl", "kube-system", set)
 		objs := dryRun(t, api.Client, chart)
 		var args []string
@@ -219,9 +221,13 @@ func TestDeploy(t *testing.T) {
 				t.Errorf("chart with %v: ConfigMap %s: %v\n%s", set, cm.Name, err, cm.Data["ports.yaml"])
 			}
 		}
-		// The pods go through the sync only where policies need them.
+		// The pods go through the sync only where policies need them,
+		// and the agent then lists the nodes (whose pods to keep).
 		if strings.Contains(joined, "--sync-pods") != (set["sync"] != nil && set["kubePolicies"] == true) {
 			t.Errorf("chart with %v: agent args %v", set, args)
+		}
+		if strings.Contains(joined, "--sync-pods") && !clusterRoleGrants(objs, "nodes", "list") {
+			t.Errorf("chart with %v: --sync-pods without a ClusterRole that lists nodes", set)
 		}
 		if set["sync"] != nil {
 			for _, want := range []string{"--sync-listen=$(NODE_IP):7400", "--sync-peers-from=kube-system/app.kubernetes.io/name=socklane,app.kubernetes.io/instance=sl",
@@ -509,4 +515,21 @@ func lbCountersOf(t *testing.T, in *testutil.Instance) map[string]uint64 {
 		t.Fatal(err)
 	}
 	return st.Counters
+}
+
+// clusterRoleGrants says whether a ClusterRole of objs grants verb on
+// resource (core group).
+func clusterRoleGrants(objs []runtime.Object, resource, verb string) bool {
+	for _, o := range objs {
+		r, ok := o.(*rbacv1.ClusterRole)
+		if !ok {
+			continue
+		}
+		for _, rule := range r.Rules {
+			if slices.Contains(rule.APIGroups, "") && slices.Contains(rule.Resources, resource) && slices.Contains(rule.Verbs, verb) {
+				return true
+			}
+		}
+	}
+	return false
 }

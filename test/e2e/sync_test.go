@@ -485,6 +485,8 @@ func TestSyncBadInput(t *testing.T) {
 		{"pods, bad certificate", base("--sync-listen", "127.0.0.1:0", "--sync-pods", "--kube-policies", "--kube-pod-selector", "app=x",
 			"--kubeconfig", "/nonexistent", "--sync-ca", filepath.Join(other, "ca.pem"),
 			"--sync-cert", filepath.Join(other, "node-z.pem"), "--sync-key", filepath.Join(other, "node-z-key.pem")), "not this node node-a"},
+		{"pods' node grace under a second", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-pods", "--kube-policies", "--kube-pod-selector", "app=x",
+			"--kubeconfig", "/nonexistent", "--sync-pods-node-grace", "10ms"}, certs...)...), "want at least 1s"},
 		{"both peer sources", base(append([]string{"--sync-listen", "127.0.0.1:0", "--sync-map", mapArg, "--sync-peer", "node-b=127.0.0.1:1", "--sync-peers-from", "ns/app=x"}, certs...)...), "give the peers one way"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
