@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -116,18 +115,20 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 	podFactory, what := f, "networkpolicies, namespaces and pods"
 	var remoteChanged <-chan struct{}
 	var prune <-chan time.Time
-	var nodeLister corelisters.NodeLister
+	var nodes func() (map[string]bool, error)
 	if remote != nil {
 		podFactory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 		}))
 		defer podFactory.Shutdown()
-		what, remoteChanged = "networkpolicies, namespaces, nodes and this node's pods", remote.Changed()
-		// Nodes only say which nodes' pods to keep: no handler, so that
-		// their status updates do not rebuild the policies.
-		nodeInf := f.Core().V1().Nodes()
-		nodeInf.Informer()
-		nodeLister = nodeInf.Lister()
+		what, remoteChanged = "networkpolicies, namespaces and this node's pods", remote.Changed()
+		// Nodes only say which nodes' pods to keep: their names, read
+		// every pruneInterval (their status updates rebuild nothing).
+		var stop func()
+		if nodes, stop, err = nodeNames(ctx, cfg); err != nil {
+			return err
+		}
+		defer stop()
 		t := time.NewTicker(pruneInterval)
 		defer t.Stop()
 		prune = t.C
@@ -171,7 +172,7 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 			changed()
 			continue
 		case <-prune:
-			if pruneRemote(nodeLister, remote, log) {
+			if pruneRemote(nodes, remote, log) {
 				changed()
 			}
 			continue
@@ -214,15 +215,11 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 
 // pruneRemote has remote delete the pods of nodes the cluster no longer
 // lists, and says whether it deleted any.
-func pruneRemote(nodes corelisters.NodeLister, remote RemotePods, log *slog.Logger) bool {
-	list, err := nodes.List(labels.Everything())
+func pruneRemote(nodes func() (map[string]bool, error), remote RemotePods, log *slog.Logger) bool {
+	live, err := nodes()
 	if err != nil {
 		log.Error("listing the cluster's nodes", "err", err)
 		return false
-	}
-	live := make(map[string]bool, len(list))
-	for _, n := range list {
-		live[n.Name] = true
 	}
 	deleted, err := remote.Prune(func(n string) bool { return live[n] }, len(live))
 	if err != nil {
