@@ -232,7 +232,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 23
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 24
 )
 
 type bypassSlListener struct {

@@ -827,7 +827,7 @@ int sl_pol_ingress(struct __sk_buff *skb)
 	struct sl_pol_flow nf = {.generation = ctl->generation, .allow = 1};
 	struct sl_pol_peer *to = pol_addr(bank, dst);
 	if (to && to->ep) {
-		if (pol_is_reply(skb, ctl, sk, src, sport)) {
+		if (pol_is_reply(ctl, sk, src, sport)) {
 			lb_count(SL_LB_POL_REPLIES);
 		} else {
 			if (to->flags & SL_POL_ISOLATED_INGRESS)
@@ -835,7 +835,7 @@ int sl_pol_ingress(struct __sk_buff *skb)
 			/* The receiver may answer: its own egress and the
 			 * sender's ingress do not apply to the answers. */
 			if (nf.allow)
-				pol_allow_replies(skb, ctl, sk, src, sport);
+				pol_allow_replies(ctl, sk, src, sport);
 		}
 	}
 	bpf_map_update_elem(&sl_pol_flows, &fk, &nf, BPF_ANY);

@@ -220,7 +220,8 @@ const (
 	servicelbSlPolLimitsSL_POL_MAX_FLOWS    servicelbSlPolLimits = 65536
 	servicelbSlPolLimitsSL_POL_SOCK_REPLIES servicelbSlPolLimits = 128
 	servicelbSlPolLimitsSL_POL_REPLY_PROBES servicelbSlPolLimits = 4
-	servicelbSlPolLimitsSL_POL_MAX_SPILLED  servicelbSlPolLimits = 65536
+	servicelbSlPolLimitsSL_POL_SOCK_MORE    servicelbSlPolLimits = 256
+	servicelbSlPolLimitsSL_POL_MORE_PROBES  servicelbSlPolLimits = 8
 	servicelbSlPolLimitsSL_POL_CGROUP_DEPTH servicelbSlPolLimits = 16
 )
 
@@ -311,7 +312,7 @@ const (
 	servicelbMapSlPolFlows          = "sl_pol_flows"
 	servicelbMapSlPolIps            = "sl_pol_ips"
 	servicelbMapSlPolReplies        = "sl_pol_replies"
-	servicelbMapSlPolRepliesSpill   = "sl_pol_replies_spill"
+	servicelbMapSlPolRepliesMore    = "sl_pol_replies_more"
 	servicelbMapSlPolRules          = "sl_pol_rules"
 	servicelbMapSlPolStats          = "sl_pol_stats"
 	servicelbMapSlSvc               = "sl_svc"
@@ -397,29 +398,29 @@ type servicelbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type servicelbMapSpecs struct {
-	SlEvSettings      *ebpf.MapSpec `ebpf:"sl_ev_settings"`
-	SlEvents          *ebpf.MapSpec `ebpf:"sl_events"`
-	SlLbConns         *ebpf.MapSpec `ebpf:"sl_lb_conns"`
-	SlLbOptout        *ebpf.MapSpec `ebpf:"sl_lb_optout"`
-	SlLbOwners        *ebpf.MapSpec `ebpf:"sl_lb_owners"`
-	SlLbSk            *ebpf.MapSpec `ebpf:"sl_lb_sk"`
-	SlLbStats         *ebpf.MapSpec `ebpf:"sl_lb_stats"`
-	SlPodRecords      *ebpf.MapSpec `ebpf:"sl_pod_records"`
-	SlPolCgroups      *ebpf.MapSpec `ebpf:"sl_pol_cgroups"`
-	SlPolCtl          *ebpf.MapSpec `ebpf:"sl_pol_ctl"`
-	SlPolFlows        *ebpf.MapSpec `ebpf:"sl_pol_flows"`
-	SlPolIps          *ebpf.MapSpec `ebpf:"sl_pol_ips"`
-	SlPolReplies      *ebpf.MapSpec `ebpf:"sl_pol_replies"`
-	SlPolRepliesSpill *ebpf.MapSpec `ebpf:"sl_pol_replies_spill"`
-	SlPolRules        *ebpf.MapSpec `ebpf:"sl_pol_rules"`
-	SlPolStats        *ebpf.MapSpec `ebpf:"sl_pol_stats"`
-	SlSvc             *ebpf.MapSpec `ebpf:"sl_svc"`
-	SlSvcAffinity     *ebpf.MapSpec `ebpf:"sl_svc_affinity"`
-	SlSvcBackends     *ebpf.MapSpec `ebpf:"sl_svc_backends"`
-	SlSvcMaglev       *ebpf.MapSpec `ebpf:"sl_svc_maglev"`
-	SlSvcMembers      *ebpf.MapSpec `ebpf:"sl_svc_members"`
-	SlSvcRefused      *ebpf.MapSpec `ebpf:"sl_svc_refused"`
-	SlSvcSelected     *ebpf.MapSpec `ebpf:"sl_svc_selected"`
+	SlEvSettings     *ebpf.MapSpec `ebpf:"sl_ev_settings"`
+	SlEvents         *ebpf.MapSpec `ebpf:"sl_events"`
+	SlLbConns        *ebpf.MapSpec `ebpf:"sl_lb_conns"`
+	SlLbOptout       *ebpf.MapSpec `ebpf:"sl_lb_optout"`
+	SlLbOwners       *ebpf.MapSpec `ebpf:"sl_lb_owners"`
+	SlLbSk           *ebpf.MapSpec `ebpf:"sl_lb_sk"`
+	SlLbStats        *ebpf.MapSpec `ebpf:"sl_lb_stats"`
+	SlPodRecords     *ebpf.MapSpec `ebpf:"sl_pod_records"`
+	SlPolCgroups     *ebpf.MapSpec `ebpf:"sl_pol_cgroups"`
+	SlPolCtl         *ebpf.MapSpec `ebpf:"sl_pol_ctl"`
+	SlPolFlows       *ebpf.MapSpec `ebpf:"sl_pol_flows"`
+	SlPolIps         *ebpf.MapSpec `ebpf:"sl_pol_ips"`
+	SlPolReplies     *ebpf.MapSpec `ebpf:"sl_pol_replies"`
+	SlPolRepliesMore *ebpf.MapSpec `ebpf:"sl_pol_replies_more"`
+	SlPolRules       *ebpf.MapSpec `ebpf:"sl_pol_rules"`
+	SlPolStats       *ebpf.MapSpec `ebpf:"sl_pol_stats"`
+	SlSvc            *ebpf.MapSpec `ebpf:"sl_svc"`
+	SlSvcAffinity    *ebpf.MapSpec `ebpf:"sl_svc_affinity"`
+	SlSvcBackends    *ebpf.MapSpec `ebpf:"sl_svc_backends"`
+	SlSvcMaglev      *ebpf.MapSpec `ebpf:"sl_svc_maglev"`
+	SlSvcMembers     *ebpf.MapSpec `ebpf:"sl_svc_members"`
+	SlSvcRefused     *ebpf.MapSpec `ebpf:"sl_svc_refused"`
+	SlSvcSelected    *ebpf.MapSpec `ebpf:"sl_svc_selected"`
 }
 
 // servicelbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -450,29 +451,29 @@ func (o *servicelbObjects) Close() error {
 //
 // It can be passed to loadServicelbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type servicelbMaps struct {
-	SlEvSettings      *ebpf.Map `ebpf:"sl_ev_settings"`
-	SlEvents          *ebpf.Map `ebpf:"sl_events"`
-	SlLbConns         *ebpf.Map `ebpf:"sl_lb_conns"`
-	SlLbOptout        *ebpf.Map `ebpf:"sl_lb_optout"`
-	SlLbOwners        *ebpf.Map `ebpf:"sl_lb_owners"`
-	SlLbSk            *ebpf.Map `ebpf:"sl_lb_sk"`
-	SlLbStats         *ebpf.Map `ebpf:"sl_lb_stats"`
-	SlPodRecords      *ebpf.Map `ebpf:"sl_pod_records"`
-	SlPolCgroups      *ebpf.Map `ebpf:"sl_pol_cgroups"`
-	SlPolCtl          *ebpf.Map `ebpf:"sl_pol_ctl"`
-	SlPolFlows        *ebpf.Map `ebpf:"sl_pol_flows"`
-	SlPolIps          *ebpf.Map `ebpf:"sl_pol_ips"`
-	SlPolReplies      *ebpf.Map `ebpf:"sl_pol_replies"`
-	SlPolRepliesSpill *ebpf.Map `ebpf:"sl_pol_replies_spill"`
-	SlPolRules        *ebpf.Map `ebpf:"sl_pol_rules"`
-	SlPolStats        *ebpf.Map `ebpf:"sl_pol_stats"`
-	SlSvc             *ebpf.Map `ebpf:"sl_svc"`
-	SlSvcAffinity     *ebpf.Map `ebpf:"sl_svc_affinity"`
-	SlSvcBackends     *ebpf.Map `ebpf:"sl_svc_backends"`
-	SlSvcMaglev       *ebpf.Map `ebpf:"sl_svc_maglev"`
-	SlSvcMembers      *ebpf.Map `ebpf:"sl_svc_members"`
-	SlSvcRefused      *ebpf.Map `ebpf:"sl_svc_refused"`
-	SlSvcSelected     *ebpf.Map `ebpf:"sl_svc_selected"`
+	SlEvSettings     *ebpf.Map `ebpf:"sl_ev_settings"`
+	SlEvents         *ebpf.Map `ebpf:"sl_events"`
+	SlLbConns        *ebpf.Map `ebpf:"sl_lb_conns"`
+	SlLbOptout       *ebpf.Map `ebpf:"sl_lb_optout"`
+	SlLbOwners       *ebpf.Map `ebpf:"sl_lb_owners"`
+	SlLbSk           *ebpf.Map `ebpf:"sl_lb_sk"`
+	SlLbStats        *ebpf.Map `ebpf:"sl_lb_stats"`
+	SlPodRecords     *ebpf.Map `ebpf:"sl_pod_records"`
+	SlPolCgroups     *ebpf.Map `ebpf:"sl_pol_cgroups"`
+	SlPolCtl         *ebpf.Map `ebpf:"sl_pol_ctl"`
+	SlPolFlows       *ebpf.Map `ebpf:"sl_pol_flows"`
+	SlPolIps         *ebpf.Map `ebpf:"sl_pol_ips"`
+	SlPolReplies     *ebpf.Map `ebpf:"sl_pol_replies"`
+	SlPolRepliesMore *ebpf.Map `ebpf:"sl_pol_replies_more"`
+	SlPolRules       *ebpf.Map `ebpf:"sl_pol_rules"`
+	SlPolStats       *ebpf.Map `ebpf:"sl_pol_stats"`
+	SlSvc            *ebpf.Map `ebpf:"sl_svc"`
+	SlSvcAffinity    *ebpf.Map `ebpf:"sl_svc_affinity"`
+	SlSvcBackends    *ebpf.Map `ebpf:"sl_svc_backends"`
+	SlSvcMaglev      *ebpf.Map `ebpf:"sl_svc_maglev"`
+	SlSvcMembers     *ebpf.Map `ebpf:"sl_svc_members"`
+	SlSvcRefused     *ebpf.Map `ebpf:"sl_svc_refused"`
+	SlSvcSelected    *ebpf.Map `ebpf:"sl_svc_selected"`
 }
 
 func (m *servicelbMaps) Close() error {
@@ -490,7 +491,7 @@ func (m *servicelbMaps) Close() error {
 		m.SlPolFlows,
 		m.SlPolIps,
 		m.SlPolReplies,
-		m.SlPolRepliesSpill,
+		m.SlPolRepliesMore,
 		m.SlPolRules,
 		m.SlPolStats,
 		m.SlSvc,

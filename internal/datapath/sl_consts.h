@@ -57,7 +57,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 23,
+	SL_LAYOUT_VERSION = 24,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

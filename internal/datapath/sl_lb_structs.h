@@ -188,7 +188,7 @@ enum sl_lb_counter {
 	SL_LB_POL_REPLIES,        /* UDP replies let in to an unconnected sender */
 	SL_LB_AFFINITY_QUOTA,     /* affinity not recorded: the owner holds its quota of sl_svc_affinity, or it is full */
 	SL_LB_OUT_OF_SCOPE,       /* connects and sends to a service address left untranslated: host-only mode, or an opted-out pod */
-	SL_LB_POL_REPLIES_SPILLED, /* UDP exchanges moved out of a full socket table to sl_pol_replies_spill */
+	SL_LB_POL_REPLIES_SPILLED, /* UDP exchanges moved out of a full socket table to its overflow table (sl_pol_replies_more) */
 	SL_LB_MAX,
 };
 

@@ -63,15 +63,14 @@ struct {
 	__type(value, struct sl_pol_replies);
 } sl_pol_replies SEC(".maps");
 
-/* Exchanges moved out of full socket tables (value: the generation). An
- * LRU: a socket with more live exchanges than its table holds competes
- * here with the others' overflow only. */
+/* Each socket's overflow of sl_pol_replies, made at its first overflow:
+ * a socket's exchanges compete with its own only. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, SL_POL_MAX_SPILLED);
-	__type(key, struct sl_pol_reply_key);
-	__type(value, __u64);
-} sl_pol_replies_spill SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sl_pol_replies_more);
+} sl_pol_replies_more SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -19,7 +19,8 @@ enum sl_pol_limits {
 	SL_POL_MAX_FLOWS = 65536,     /* cached verdicts of UDP flows */
 	SL_POL_SOCK_REPLIES = 128,    /* exchanges an unconnected UDP socket keeps (a power of two) */
 	SL_POL_REPLY_PROBES = 4,      /* slots a peer may take in its socket's table (a power of two) */
-	SL_POL_MAX_SPILLED = 65536,   /* exchanges moved out of full socket tables, node-wide */
+	SL_POL_SOCK_MORE = 256,       /* exchanges a socket's overflow table keeps (a power of two) */
+	SL_POL_MORE_PROBES = 8,       /* slots a peer may take in a socket's overflow table (a power of two) */
 	SL_POL_CGROUP_DEPTH = 16,     /* ancestor levels searched for a pod's cgroup */
 };
 
@@ -135,8 +136,8 @@ struct sl_pol_flow {
  * policy generation; answers from there are part of a flow already
  * judged. A small open-addressed table per socket, which nothing another
  * socket does can empty; a socket with more live exchanges than its table
- * holds moves some to a node-wide LRU (sl_pol_replies_spill), where only
- * such overflow competes. */
+ * holds moves some to an overflow table of its own (sl_pol_replies_more),
+ * made at its first overflow. */
 struct sl_pol_reply_peer {
 	__u32 ip[4];
 	__u16 port;
@@ -150,14 +151,10 @@ struct sl_pol_replies {
 	struct sl_pol_reply_peer peers[SL_POL_SOCK_REPLIES];
 };
 
-/* An exchange moved out of a full socket table: the socket's cookie and
- * the peer. */
-struct sl_pol_reply_key {
-	__u64 cookie;
-	__u32 ip[4];
-	__u16 port;
-	__u16 pad;
-	__u32 pad2;
+/* A socket's overflow table: exchanges moved out of its full table
+ * (sl_pol_replies), found the same way with more probes. */
+struct sl_pol_replies_more {
+	struct sl_pol_reply_peer peers[SL_POL_SOCK_MORE];
 };
 
 /* The pod table: what this node says of its pods to the other nodes'

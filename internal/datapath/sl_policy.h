@@ -177,10 +177,19 @@ static __always_inline void pol_event(void *ctx, const struct sl_pol_verdict *v,
 }
 
 /* The slot of a peer in its socket's exchange table, probe i. */
+static __always_inline __u32 pol_reply_hash(const __u32 *ip, __u16 port)
+{
+	return ((ip[0] ^ ip[1] ^ ip[2] ^ ip[3] ^ port) * 0x9e3779b1) >> 16;
+}
+
 static __always_inline __u32 pol_reply_slot(const __u32 *ip, __u16 port, __u32 i)
 {
-	__u32 h = (ip[0] ^ ip[1] ^ ip[2] ^ ip[3] ^ port) * 0x9e3779b1;
-	return ((h >> 16) + i) & (SL_POL_SOCK_REPLIES - 1);
+	return (pol_reply_hash(ip, port) + i) & (SL_POL_SOCK_REPLIES - 1);
+}
+
+static __always_inline __u32 pol_more_slot(const __u32 *ip, __u16 port, __u32 i)
+{
+	return (pol_reply_hash(ip, port) + i) & (SL_POL_SOCK_MORE - 1);
 }
 
 static __always_inline int pol_reply_is(const struct sl_pol_reply_peer *p, const __u32 *ip, __u16 port, __u32 gen)
@@ -189,24 +198,48 @@ static __always_inline int pol_reply_is(const struct sl_pol_reply_peer *p, const
 	       p->ip[2] == ip[2] && p->ip[3] == ip[3];
 }
 
-/* The spilled exchange of the socket whose cookie is given. */
-static __always_inline struct sl_pol_reply_key pol_spill_key(__u64 cookie, const __u32 *ip, __u16 port)
+static __always_inline void pol_reply_set(struct sl_pol_reply_peer *p, const __u32 *ip, __u16 port, __u32 gen)
 {
-	struct sl_pol_reply_key k = {.cookie = cookie, .port = port};
-	k.ip[0] = ip[0];
-	k.ip[1] = ip[1];
-	k.ip[2] = ip[2];
-	k.ip[3] = ip[3];
-	return k;
+	p->ip[0] = ip[0];
+	p->ip[1] = ip[1];
+	p->ip[2] = ip[2];
+	p->ip[3] = ip[3];
+	p->port = port;
+	p->generation = gen;
+}
+
+/* Moves an exchange out of sk's full table into its overflow table (made
+ * now if it has none): to a slot of an older generation in the
+ * exchange's probe window, or else over one drawn at random there, so
+ * that a socket's exchanges only ever push out its own. 0 if the socket
+ * could not have one (its option memory is used up). */
+static __always_inline int pol_reply_move(struct bpf_sock *sk, const struct sl_pol_reply_peer *old, __u32 gen)
+{
+	struct sl_pol_replies_more *m = bpf_sk_storage_get(&sl_pol_replies_more, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!m)
+		return 0;
+	__u32 ip[4] = {old->ip[0], old->ip[1], old->ip[2], old->ip[3]};
+	__u16 port = old->port;
+	__u32 slot = SL_POL_SOCK_MORE; /* none free yet */
+	for (__u32 i = 0; i < SL_POL_MORE_PROBES; i++) {
+		__u32 s = pol_more_slot(ip, port, i);
+		if (m->peers[s].generation != gen) {
+			slot = s;
+			break;
+		}
+	}
+	if (slot == SL_POL_SOCK_MORE)
+		slot = pol_more_slot(ip, port, bpf_get_prandom_u32() & (SL_POL_MORE_PROBES - 1));
+	pol_reply_set(&m->peers[slot & (SL_POL_SOCK_MORE - 1)], ip, port, gen);
+	return 1;
 }
 
 /* An unconnected UDP socket's exchange with a peer, under the live
  * policy: answers either way are part of a flow already judged. Kept in
  * the socket's own table; when a peer's probe window is full of live
- * exchanges, one of them (drawn at random) moves to the node's spill
- * LRU to make room. ctx is the program's context (for the cookie). */
-static __always_inline void pol_allow_replies(void *ctx, struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip,
-					      __u16 port)
+ * exchanges, one of them (drawn at random) moves to the socket's overflow
+ * table to make room. */
+static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
 {
 	if (!sk)
 		return;
@@ -225,23 +258,15 @@ static __always_inline void pol_allow_replies(void *ctx, struct sl_pol_live *ctl
 	}
 	if (slot == SL_POL_SOCK_REPLIES) {
 		slot = pol_reply_slot(ip, port, bpf_get_prandom_u32() & (SL_POL_REPLY_PROBES - 1));
-		struct sl_pol_reply_peer *old = &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)];
-		struct sl_pol_reply_key k = pol_spill_key(bpf_get_socket_cookie(ctx), old->ip, old->port);
-		__u64 g = ctl->generation;
-		bpf_map_update_elem(&sl_pol_replies_spill, &k, &g, BPF_ANY);
-		r->spilled = gen;
-		lb_count(SL_LB_POL_REPLIES_SPILLED);
+		if (pol_reply_move(sk, &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)], gen)) {
+			r->spilled = gen;
+			lb_count(SL_LB_POL_REPLIES_SPILLED);
+		}
 	}
-	struct sl_pol_reply_peer *p = &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)];
-	p->ip[0] = ip[0];
-	p->ip[1] = ip[1];
-	p->ip[2] = ip[2];
-	p->ip[3] = ip[3];
-	p->port = port;
-	p->generation = gen;
+	pol_reply_set(&r->peers[slot & (SL_POL_SOCK_REPLIES - 1)], ip, port, gen);
 }
 
-static __always_inline int pol_is_reply(void *ctx, struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
+static __always_inline int pol_is_reply(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
 {
 	if (!sk)
 		return 0;
@@ -254,12 +279,17 @@ static __always_inline int pol_is_reply(void *ctx, struct sl_pol_live *ctl, stru
 			return 1;
 	}
 	/* A full window (this peer's, or an overlapping one) may have moved
-	 * the exchange to the spill: only sockets that spilled look there. */
+	 * the exchange to the overflow: only sockets that spilled look there. */
 	if (r->spilled != gen)
 		return 0;
-	struct sl_pol_reply_key k = pol_spill_key(bpf_get_socket_cookie(ctx), ip, port);
-	__u64 *g = bpf_map_lookup_elem(&sl_pol_replies_spill, &k);
-	return g && *g == ctl->generation;
+	struct sl_pol_replies_more *m = bpf_sk_storage_get(&sl_pol_replies_more, sk, 0, 0);
+	if (!m)
+		return 0;
+	for (__u32 i = 0; i < SL_POL_MORE_PROBES; i++) {
+		if (pol_reply_is(&m->peers[pol_more_slot(ip, port, i)], ip, port, gen))
+			return 1;
+	}
+	return 0;
 }
 
 /* The connecting (or sending) process's flow to dst: 0 to go on, -1 if
@@ -273,7 +303,7 @@ static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const str
 		return 0;
 	__u32 bank = ctl->bank;
 	if (unconnected) {
-		if (pol_is_reply(ctx, ctl, sk, dst->ip, dst->port)) {
+		if (pol_is_reply(ctl, sk, dst->ip, dst->port)) {
 			lb_count(SL_LB_POL_REPLIES);
 			return 0;
 		}
@@ -286,7 +316,7 @@ static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const str
 	if (pol_judge(bank, self, self_class, self->identity, peer, peer ? peer->class : SL_POL_CLASS_WORLD, proto, dst->port, v))
 		return -1;
 	if (unconnected && (self->flags & SL_POL_ISOLATED_INGRESS))
-		pol_allow_replies(ctx, ctl, sk, dst->ip, dst->port);
+		pol_allow_replies(ctl, sk, dst->ip, dst->port);
 	return 0;
 }
 

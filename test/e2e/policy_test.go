@@ -535,7 +535,9 @@ func TestPolicySpoofedSource(t *testing.T) {
 // to 150,000 (address, port) pairs from one socket. Each socket keeps its
 // own exchanges: z/c can only push out its own (a table shared by the
 // node's sockets would have lost x/a's). Then a busy server keeps every
-// answer of more exchanges than its socket's table holds.
+// answer of more exchanges than its socket's table holds, in an overflow
+// table of its own: z/c's overflow, in z/c's, cannot push them out (a
+// node-wide overflow LRU that z/c had filled lost one of 160 at times).
 func TestPolicyReplyFlood(t *testing.T) {
 	pb := newPolicyBed(t)
 	pb.apply(t, pb.file(t, `
@@ -576,7 +578,7 @@ func TestPolicyReplyFlood(t *testing.T) {
 	// A busy server: x/a may send nothing (egress isolated) and lets y
 	// in; its answers pass only as answers. 160 exchanges wait on one
 	// socket at once, more than its table holds: the overflow moves to
-	// the node's spill table and every answer still leaves.
+	// the socket's overflow table and every answer still leaves.
 	pb.apply(t, pb.file(t, `
   - metadata: {name: serve-y, namespace: x}
     spec:
