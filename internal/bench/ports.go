@@ -191,7 +191,7 @@ func (r *runner) measurePorts(c *Case, path string) (Sample, error) {
 	if err := json.Unmarshal(out, &l); err != nil {
 		return s, fmt.Errorf("parsing %q: %w", out, err)
 	}
-	s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
+	s.setLatency(l)
 	after, err := r.dp.PortStats()
 	if err != nil {
 		return s, err

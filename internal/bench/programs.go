@@ -241,7 +241,9 @@ func measureGoHTTP(r *runner, c *Case, ip string, port int) (Sample, error) {
 	var l peer.Latency
 	err := r.runJSON(r.client, c, &l, r.self, "peer", "http-gets", fmt.Sprintf("http://%s:%d", ip, port),
 		"--size", strconv.Itoa(c.Size), "--count", strconv.Itoa(r.o.Count), "--warmup", strconv.Itoa(min(1000, r.o.Count/10+1)))
-	return Sample{Mean: l.Mean, P50: l.P50, P99: l.P99, P999: l.P999, Max: l.Max, MsgRate: 1e6 / l.Mean}, err
+	s := Sample{MsgRate: 1e6 / l.Mean}
+	s.setLatency(l)
+	return s, err
 }
 
 // waitListening waits up to a minute for a listener on port in pod's

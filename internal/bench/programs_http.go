@@ -145,5 +145,7 @@ func parseCurl(out []byte, size int) (Sample, error) {
 		return Sample{}, fmt.Errorf("no curl transfers in %q", out)
 	}
 	l := peer.Summarize(size, rtts)
-	return Sample{Mean: l.Mean, P50: l.P50, P99: l.P99, P999: l.P999, Max: l.Max, MsgRate: 1e6 / l.Mean}, nil
+	s := Sample{MsgRate: 1e6 / l.Mean}
+	s.setLatency(l)
+	return s, nil
 }

@@ -323,8 +323,13 @@ func (r *runner) measurePeer(c *Case, path string) (Sample, error) {
 	}
 	var l peer.Latency
 	err := r.runJSON(r.clientPod(c), c, &l, args...)
-	s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
+	s.setLatency(l)
 	return s, err
+}
+
+// setLatency takes a latency run's figures (round trips, us).
+func (s *Sample) setLatency(l peer.Latency) {
+	s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
 }
 
 // runJSON runs a client command in pod on the case's client CPU and

@@ -3,7 +3,6 @@ package bench
 import (
 	"crypto/sha256"
 	"encoding/base32"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -252,14 +251,10 @@ func (r *runner) measureServices(c *Case, path string) (Sample, error) {
 // connects runs r.o.Connects short connections (connect, 64 B request and
 // answer, close) from the client to target and records their latency.
 func (r *runner) connects(c *Case, target string, s *Sample) error {
-	out, err := r.run(r.client, r.clientCPU(c), r.self, "peer", "connects", target, "--size", "64", "--count", strconv.Itoa(r.o.Connects), "--io", string(r.o.IO))
-	if err != nil {
+	var l peer.Latency
+	if err := r.runJSON(r.client, c, &l, r.self, "peer", "connects", target, "--size", "64", "--count", strconv.Itoa(r.o.Connects), "--io", string(r.o.IO)); err != nil {
 		return err
 	}
-	var l peer.Latency
-	if err := json.Unmarshal(out, &l); err != nil {
-		return fmt.Errorf("parsing %q: %w", out, err)
-	}
-	s.Mean, s.P50, s.P99, s.P999, s.Max = l.Mean, l.P50, l.P99, l.P999, l.Max
+	s.setLatency(l)
 	return nil
 }
