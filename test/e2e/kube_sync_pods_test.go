@@ -98,6 +98,14 @@ func TestSyncPodIdentities(t *testing.T) {
 		m, m2 := managedPods(t, n1, rt.Socket), managedPods(t, ins["node-2"], rt.Socket)
 		return m["x/a"] && !m["y/b"] && !m["y/c"] && m2["y/b"] && !m2["x/a"]
 	})
+	// node-1 publishes x/a and takes y/b from node-2 once its sync has
+	// the peers' state (a connection before it applied its policies would
+	// be allowed whatever the table holds).
+	waitForLog(t, logs["node-1"], func() bool {
+		tb := podTable(t, n1)
+		return tb[refs["x/a"].ip] == "node-1 x/a" && tb[refs["y/b"].ip] == "node-2 y/b" &&
+			strings.Contains(logs["node-1"].String(), "other_nodes_pods=1")
+	})
 	toA := refs["x/a"].ip + ":80/tcp"
 	waitForLog(t, logs["node-1"], func() bool { return reachFromPod(t, rt, refs["y/b"], toA) == "ok" })
 	// Dropped at x/a's ingress; or, when node-1 applies its policies
@@ -110,7 +118,7 @@ func TestSyncPodIdentities(t *testing.T) {
 	// node-2's, nothing of node-3.
 	table := podTable(t, n1)
 	if table[refs["x/a"].ip] != "node-1 x/a" || table[refs["y/b"].ip] != "node-2 y/b" || table[refs["y/c"].ip] != "" {
-		t.Errorf("node-1's pod table: %v", table)
+		t.Errorf("node-1's pod table: %v\nnode-1's log:\n%s", table, logs["node-1"].String())
 	}
 	// What node-1 enforces names y/b by its published labels.
 	out := n1.MustRun("policy", "test", "--from", refs["y/b"].ip, "--to", "x/a:80/tcp")
