@@ -119,3 +119,7 @@ func (s *syncedPods) Prune(live func(node string) bool, nodes int) (bool, error)
 // Changed is signalled when peers wrote the table, and when the sync has
 // its peers' state (this node's pods can be published).
 func (s *syncedPods) Changed() <-chan struct{} { return s.changed }
+
+// Ready is closed once the sync has its peers' state (or gave up waiting
+// for it): the table holds what they published.
+func (s *syncedPods) Ready() <-chan struct{} { return s.e.Bootstrapped() }

@@ -87,6 +87,9 @@ type RemotePods interface {
 	Pods() ([]*policy.Pod, error)
 	// Changed is signalled when Pods may say something new.
 	Changed() <-chan struct{}
+	// Ready is closed once Pods holds what the other nodes published
+	// (or the wait for it gave up); Changed is signalled then too.
+	Ready() <-chan struct{}
 	// Prune deletes the pods of nodes the cluster stopped listing (live
 	// says whether it lists one; nodes: how many) and says whether it
 	// deleted any.
@@ -178,6 +181,12 @@ func WatchPolicies(ctx context.Context, cfg *rest.Config, node string, quiet tim
 			continue
 		case <-kick:
 		}
+		if remote != nil && !isClosed(remote.Ready()) {
+			// Policies built without the other nodes' pods would deny
+			// what they allow to any of them until the sync catches up:
+			// what the datapath enforces now stays until then.
+			continue
+		}
 		if !settle(ctx, kick, quiet) {
 			return nil
 		}
@@ -257,4 +266,13 @@ func withRemote(set *policy.Set, remote RemotePods) (int, error) {
 		n++
 	}
 	return n, pubErr
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
