@@ -59,11 +59,14 @@ func TestSmallStreams(t *testing.T) {
 					}
 					// The first send, then a window opened by each
 					// verdict: the fifth window's verdict moves it at
-					// the earliest (a window of the stream's start,
-					// slower, may not count).
+					// the earliest. A window used up slowly (the
+					// stream's start, or a writer preempted on a busy
+					// machine) does not count, so the move may come
+					// later, but within the stream's first quarter (it
+					// sends 156 windows).
 					mustEqual(t, d, "fallback_small_stream", 1)
-					if r := d["redirect_bytes"]; r < 16+4*window || r > 16+10*window {
-						t.Errorf("%d bytes redirected before the move, want %d to %d (%s)", r, 16+4*window, 16+10*window, nonzero(d))
+					if r := d["redirect_bytes"]; r < 16+4*window || r > 16+40*window {
+						t.Errorf("%d bytes redirected before the move, want %d to %d (%s)", r, 16+4*window, 16+40*window, nonzero(d))
 					}
 					if d["pass_bytes"] == 0 {
 						t.Errorf("nothing went through TCP after the move (%s)", nonzero(d))
