@@ -331,10 +331,11 @@ func newListenCmd() *cobra.Command {
 
 func newUDPFloodCmd() *cobra.Command {
 	var ports string
-	var count int
+	var count, sockets int
+	var hold time.Duration
 	c := &cobra.Command{
-		Use:   "udpflood --ports A-B --count N IP...",
-		Short: "Send N one-byte datagrams from one unconnected UDP socket, each to another address and port",
+		Use:   "udpflood --ports A-B --count N [--sockets S --hold D] IP...",
+		Short: "Send N one-byte datagrams from unconnected UDP sockets (in turn), each to another address and port; print how many were sent",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ips []netip.Addr
@@ -349,13 +350,23 @@ func newUDPFloodCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			n, err := peer.UDPFlood(cmd.Context(), ips, ps, count)
+			n, release, err := peer.UDPFlood(cmd.Context(), ips, ps, count, sockets)
+			if err != nil {
+				return err
+			}
+			defer release()
 			fmt.Fprintln(cmd.OutOrStdout(), n)
-			return err
+			select {
+			case <-cmd.Context().Done():
+			case <-time.After(hold):
+			}
+			return nil
 		},
 	}
 	c.Flags().StringVar(&ports, "ports", "", "destination ports, A or A-B")
 	c.Flags().IntVar(&count, "count", 100000, "datagrams")
+	c.Flags().IntVar(&sockets, "sockets", 1, "sockets to send from")
+	c.Flags().DurationVar(&hold, "hold", 0, "keep the sockets open this long after sending")
 	return c
 }
 

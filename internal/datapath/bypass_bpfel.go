@@ -57,8 +57,8 @@ type bypassSlConfig struct {
 	OwnerListeners     uint32
 	OwnerLbConns       uint32
 	OwnerAffinity      uint32
+	OwnerUdpTables     uint32
 	LbHostOnly         bypassSlMode
-	_                  [4]byte
 	HostNetns          uint64
 	ListenerKptr       uint32
 	_                  [4]byte
@@ -232,7 +232,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 24
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 25
 )
 
 type bypassSlListener struct {
@@ -280,14 +280,16 @@ const (
 type bypassSlQuota uint32
 
 const (
-	bypassSlQuotaSL_OWNER_CONNS         bypassSlQuota = 8192
-	bypassSlQuotaSL_OWNER_LISTENERS     bypassSlQuota = 1024
-	bypassSlQuotaSL_OWNER_LB_CONNS      bypassSlQuota = 16384
-	bypassSlQuotaSL_OWNER_AFFINITY      bypassSlQuota = 4096
-	bypassSlQuotaSL_QUOTA_MAX_CONNS     bypassSlQuota = 65536
-	bypassSlQuotaSL_QUOTA_MAX_LISTENERS bypassSlQuota = 65536
-	bypassSlQuotaSL_QUOTA_MAX_LB_CONNS  bypassSlQuota = 131072
-	bypassSlQuotaSL_QUOTA_MAX_AFFINITY  bypassSlQuota = 262144
+	bypassSlQuotaSL_OWNER_CONNS          bypassSlQuota = 8192
+	bypassSlQuotaSL_OWNER_LISTENERS      bypassSlQuota = 1024
+	bypassSlQuotaSL_OWNER_LB_CONNS       bypassSlQuota = 16384
+	bypassSlQuotaSL_OWNER_AFFINITY       bypassSlQuota = 4096
+	bypassSlQuotaSL_OWNER_UDP_TABLES     bypassSlQuota = 16384
+	bypassSlQuotaSL_QUOTA_MAX_CONNS      bypassSlQuota = 65536
+	bypassSlQuotaSL_QUOTA_MAX_LISTENERS  bypassSlQuota = 65536
+	bypassSlQuotaSL_QUOTA_MAX_LB_CONNS   bypassSlQuota = 131072
+	bypassSlQuotaSL_QUOTA_MAX_AFFINITY   bypassSlQuota = 262144
+	bypassSlQuotaSL_QUOTA_MAX_UDP_TABLES bypassSlQuota = 1048576
 )
 
 type bypassSlReclaimArgs struct {

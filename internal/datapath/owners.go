@@ -16,6 +16,7 @@ type Quotas struct {
 	Listeners uint64 `json:"listeners"`
 	LBConns   uint64 `json:"lb_conns"`
 	Affinity  uint64 `json:"affinity"`
+	UDPTables uint64 `json:"udp_tables"`
 }
 
 // Owner is what one cgroup holds of the node-wide tables, and what it was
@@ -31,11 +32,13 @@ type Owner struct {
 	RefusedLBConns   uint64 `json:"refused_lb_conns"`
 	Affinity         uint64 `json:"affinity"`
 	RefusedAffinity  uint64 `json:"refused_affinity"`
+	UDPTables        uint64 `json:"udp_tables"`
+	RefusedUDPTables uint64 `json:"refused_udp_tables"`
 }
 
 // Refused reports whether the owner was ever refused an entry.
 func (o Owner) Refused() bool {
-	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns+o.RefusedAffinity > 0
+	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns+o.RefusedAffinity+o.RefusedUDPTables > 0
 }
 
 // Owners lists every owner the datapath charged, in cgroup id order.
@@ -63,6 +66,7 @@ func (d *Datapath) Owners() ([]Owner, error) {
 		o := get(id)
 		o.LBConns, o.RefusedLBConns = v.Conns, v.Refused
 		o.Affinity, o.RefusedAffinity = v.Affinity, v.AffinityRefused
+		o.UDPTables, o.RefusedUDPTables = v.UdpTables, v.UdpTablesRefused
 	}
 	out := make([]Owner, 0, len(by))
 	for _, o := range by {

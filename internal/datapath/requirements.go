@@ -267,7 +267,7 @@ var (
 		asm.FnProbeReadKernel: "5.5", asm.FnGetNetnsCookie: "5.7", asm.FnRingbufReserve: "5.8",
 		asm.FnRingbufSubmit: "5.8", asm.FnSkcToTcpSock: "5.9", asm.FnSetRetval: "5.18",
 		asm.FnSkbLoadBytes: "4.5", asm.FnSkFullsock: "5.1", asm.FnGetCurrentAncestorCgroupId: "5.7",
-		asm.FnGetCurrentTask: "4.8",
+		asm.FnGetCurrentTask: "4.8", asm.FnSkbCgroupId: "4.18",
 	}
 	// Helpers that came to a program type later than to tracing: the
 	// base helpers of CAP_PERFMON (the current task, reading kernel
@@ -275,6 +275,8 @@ var (
 	helperPerType = map[ebpf.ProgramType]map[asm.BuiltinFunc]string{
 		ebpf.SockOps: {asm.FnGetNetnsCookie: "5.15", asm.FnGetCurrentTask: "5.8"},
 		ebpf.SkMsg:   {asm.FnGetNetnsCookie: "5.15", asm.FnGetCurrentTask: "5.8"},
+		// bpf_skb_cgroup_id came to cgroup_skb in 5.3.
+		ebpf.CGroupSKB: {asm.FnSkbCgroupId: "5.3"},
 	}
 )
 

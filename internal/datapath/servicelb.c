@@ -28,6 +28,12 @@
 #include "sl_lb_maps.h"
 #include "sl_event_maps.h"
 #include "sl_kernel.h"
+
+/* The load-time settings, as bypass.c has them (the loader writes both
+ * from one value); the load balancer and the policy read their owner
+ * quotas. */
+const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
+
 #include "sl_policy.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -128,40 +134,6 @@ __noinline int sl_nat_ambiguous(const struct sl_lb_sock *st, const struct sl_bac
 	}
 	return 0;
 }
-
-/* Returns one entry of a table charged to owner (its count at held),
- * never below zero. */
-static __always_inline void owner_release(__u64 *held)
-{
-	for (int i = 0; i < 4; i++) {
-		__u64 v = *held;
-		if (!v || __sync_val_compare_and_swap(held, v, v - 1) == v)
-			return;
-	}
-}
-
-/* The owner's holdings, made if it has none yet. */
-static __always_inline struct sl_lb_owner *lb_owner(__u64 owner)
-{
-	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
-	if (o)
-		return o;
-	struct sl_lb_owner zero = {};
-	bpf_map_update_elem(&sl_lb_owners, &owner, &zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&sl_lb_owners, &owner);
-}
-
-/* Returns one sl_lb_conns entry charged to owner. */
-static __always_inline void lb_owner_release(__u64 owner)
-{
-	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
-	if (o)
-		owner_release(&o->conns);
-}
-
-/* The load-time settings, as bypass.c has them (the loader writes both
- * from one value); the load balancer reads its owner quotas. */
-const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
 
 /* Charges owner one sl_lb_conns entry within its quota. */
 static __always_inline int lb_owner_charge(__u64 owner)
@@ -671,8 +643,10 @@ int sl_sock_release(struct bpf_sock *sk)
 	if (sk->protocol == IPPROTO_TCP) {
 		if (!sock_has_cookie(sk))
 			return 1;
-	} else if (!bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0)) {
-		return 1;
+	} else {
+		pol_tables_release(sk);
+		if (!bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0))
+			return 1;
 	}
 	cookie = bpf_get_socket_cookie(sk);
 	forget(cookie);
@@ -835,7 +809,7 @@ int sl_pol_ingress(struct __sk_buff *skb)
 			/* The receiver may answer: its own egress and the
 			 * sender's ingress do not apply to the answers. */
 			if (nf.allow)
-				pol_allow_replies(ctl, sk, src, sport);
+				pol_allow_replies(ctl, sk, src, sport, bpf_skb_cgroup_id(skb));
 		}
 	}
 	bpf_map_update_elem(&sl_pol_flows, &fk, &nf, BPF_ANY);

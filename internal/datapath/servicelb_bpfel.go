@@ -82,12 +82,13 @@ const (
 	servicelbSlLbCounterSL_LB_AFFINITY_QUOTA      servicelbSlLbCounter = 19
 	servicelbSlLbCounterSL_LB_OUT_OF_SCOPE        servicelbSlLbCounter = 20
 	servicelbSlLbCounterSL_LB_POL_REPLIES_SPILLED servicelbSlLbCounter = 21
-	servicelbSlLbCounterSL_LB_MAX                 servicelbSlLbCounter = 22
+	servicelbSlLbCounterSL_LB_POL_REPLIES_QUOTA   servicelbSlLbCounter = 22
+	servicelbSlLbCounterSL_LB_MAX                 servicelbSlLbCounter = 23
 )
 
 type servicelbSlLbCounters struct {
 	_ structs.HostLayout
-	C [22]uint64
+	C [23]uint64
 }
 
 type servicelbSlLbForgetArgs struct {
@@ -104,11 +105,13 @@ const (
 )
 
 type servicelbSlLbOwner struct {
-	_               structs.HostLayout
-	Conns           uint64
-	Refused         uint64
-	Affinity        uint64
-	AffinityRefused uint64
+	_                structs.HostLayout
+	Conns            uint64
+	Refused          uint64
+	Affinity         uint64
+	AffinityRefused  uint64
+	UdpTables        uint64
+	UdpTablesRefused uint64
 }
 
 type servicelbSlMaglev struct {
@@ -222,6 +225,7 @@ const (
 	servicelbSlPolLimitsSL_POL_REPLY_PROBES servicelbSlPolLimits = 4
 	servicelbSlPolLimitsSL_POL_SOCK_MORE    servicelbSlPolLimits = 256
 	servicelbSlPolLimitsSL_POL_MORE_PROBES  servicelbSlPolLimits = 8
+	servicelbSlPolLimitsSL_POL_MORE_CHARGE  servicelbSlPolLimits = 2
 	servicelbSlPolLimitsSL_POL_CGROUP_DEPTH servicelbSlPolLimits = 16
 )
 

@@ -47,6 +47,7 @@ const (
 	DefaultOwnerListeners = uint32(bypassSlQuotaSL_OWNER_LISTENERS)
 	DefaultOwnerLBConns   = uint32(bypassSlQuotaSL_OWNER_LB_CONNS)
 	DefaultOwnerAffinity  = uint32(bypassSlQuotaSL_OWNER_AFFINITY)
+	DefaultOwnerUDPTables = uint32(bypassSlQuotaSL_OWNER_UDP_TABLES)
 )
 
 // DefaultSettings are what a load asks for when nothing is given: the
@@ -56,13 +57,13 @@ const (
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
 		BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
-		OwnerAffinity: DefaultOwnerAffinity, LbHostOnly: ModeOff}
+		OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, LbHostOnly: ModeOff}
 }
 
 // Quotas are what one owner may hold under s.
 func (s Settings) Quotas() Quotas {
 	return Quotas{Conns: uint64(s.OwnerConns), Listeners: uint64(s.OwnerListeners), LBConns: uint64(s.OwnerLbConns),
-		Affinity: uint64(s.OwnerAffinity)}
+		Affinity: uint64(s.OwnerAffinity), UDPTables: uint64(s.OwnerUdpTables)}
 }
 
 // On reports whether a resolved mode is on.
@@ -109,7 +110,7 @@ func (s Settings) Resolve(f Features) Settings {
 		def uint32
 	}{
 		{&s.OwnerConns, DefaultOwnerConns}, {&s.OwnerListeners, DefaultOwnerListeners}, {&s.OwnerLbConns, DefaultOwnerLBConns},
-		{&s.OwnerAffinity, DefaultOwnerAffinity},
+		{&s.OwnerAffinity, DefaultOwnerAffinity}, {&s.OwnerUdpTables, DefaultOwnerUDPTables},
 	} {
 		if *q.v == 0 {
 			*q.v = q.def
@@ -165,6 +166,8 @@ func settingTable() []setting {
 			usage: "connected sockets to service addresses one cgroup may have recorded for destruction when their backend goes (0: the default)"},
 		{name: "owner-affinity", num: func(s *Settings) *uint32 { return &s.OwnerAffinity }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_AFFINITY),
 			usage: "ClientIP affinity entries (client network namespace, service port) one cgroup may have made; beyond it its connects are balanced without affinity (0: the default)"},
+		{name: "owner-udp-tables", num: func(s *Settings) *uint32 { return &s.OwnerUdpTables }, unit: "tables", max: uint32(bypassSlQuotaSL_QUOTA_MAX_UDP_TABLES),
+			usage: "exchange tables one cgroup's unconnected UDP sockets may hold under network policy (3 KiB each, made at a socket's first send from an isolated pod; a socket's overflow table counts two); beyond it the exchanges of its further sockets are not recorded and answers to them are judged as new flows (0: the default)"},
 	}
 }
 

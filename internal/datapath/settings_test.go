@@ -17,13 +17,13 @@ import (
 func TestSettingsReadBack(t *testing.T) {
 	for i, want := range []Settings{
 		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, LbHostOnly: ModeOn},
 		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, LbHostOnly: ModeOn},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
@@ -82,7 +82,7 @@ func TestResolve(t *testing.T) {
 	if got := (Settings{BacklogLimit: 5}).Resolve(fit).BacklogLimit; got != 5 {
 		t.Errorf("backlog limit 5 read as %d", got)
 	}
-	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity)}) {
+	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity), UDPTables: uint64(DefaultOwnerUDPTables)}) {
 		t.Errorf("quotas of a request with one given: %+v", q)
 	}
 	with := func(msgTotLen bool, names ...string) Features {
@@ -151,6 +151,8 @@ func TestSettingFlags(t *testing.T) {
 		{"service-lb-scope", "host", func(s Settings) bool { return s.LbHostOnly == ModeOn }, ""},
 		{"service-lb-scope", "pods", nil, "want one of host, all"},
 		{"owner-affinity", "262145", nil, "want at most 262144 entries"},
+		{"owner-udp-tables", "64", func(s Settings) bool { return s.OwnerUdpTables == 64 }, ""},
+		{"owner-udp-tables", "1048577", nil, "want at most 1048576 tables"},
 	} {
 		s := DefaultSettings()
 		var err error

@@ -57,7 +57,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 24,
+	SL_LAYOUT_VERSION = 25,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -217,10 +217,12 @@ enum sl_quota {
 	SL_OWNER_LISTENERS = 1024,  /* listener entries */
 	SL_OWNER_LB_CONNS = 16384,  /* translated connected sockets */
 	SL_OWNER_AFFINITY = 4096,   /* ClientIP affinity entries */
+	SL_OWNER_UDP_TABLES = 16384, /* UDP sockets' exchange tables (a socket's overflow table counts two) */
 	SL_QUOTA_MAX_CONNS = SL_MAX_CONNS,
 	SL_QUOTA_MAX_LISTENERS = SL_MAX_LISTENERS,
 	SL_QUOTA_MAX_LB_CONNS = SL_MAX_LB_CONNS,
 	SL_QUOTA_MAX_AFFINITY = SL_MAX_AFFINITY,
+	SL_QUOTA_MAX_UDP_TABLES = 1048576,
 };
 #define SL_MAX_OWNERS 16384
 

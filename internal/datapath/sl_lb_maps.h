@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* socklane: maps of the service load balancer. */
+/* socklane: maps of the service load balancer, and the owners' holdings
+ * of them (and of the policy's UDP exchange tables). */
 #ifndef SL_LB_MAPS_H
 #define SL_LB_MAPS_H
 
@@ -122,6 +123,42 @@ static __always_inline void lb_count(enum sl_lb_counter c)
 	struct sl_lb_counters *cnt = bpf_map_lookup_elem(&sl_lb_stats, &zero);
 	if (cnt && c < SL_LB_MAX)
 		cnt->c[c]++;
+}
+
+/* Returns n entries of a table charged to owner (its count at held),
+ * never below zero. */
+static __always_inline void owner_release_n(__u64 *held, __u64 n)
+{
+	for (int i = 0; i < 4; i++) {
+		__u64 v = *held;
+		if (!v || __sync_val_compare_and_swap(held, v, v > n ? v - n : 0) == v)
+			return;
+	}
+}
+
+/* The owner's holdings, made if it has none yet. */
+static __always_inline struct sl_lb_owner *lb_owner(__u64 owner)
+{
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (o)
+		return o;
+	struct sl_lb_owner zero = {};
+	bpf_map_update_elem(&sl_lb_owners, &owner, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&sl_lb_owners, &owner);
+}
+
+/* Returns one entry of a table charged to owner (its count at held). */
+static __always_inline void owner_release(__u64 *held)
+{
+	owner_release_n(held, 1);
+}
+
+/* Returns one sl_lb_conns entry charged to owner. */
+static __always_inline void lb_owner_release(__u64 owner)
+{
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (o)
+		owner_release(&o->conns);
 }
 
 #endif

@@ -100,6 +100,8 @@ struct sl_lb_owner {
 	__u64 refused;
 	__u64 affinity;         /* sl_svc_affinity entries */
 	__u64 affinity_refused; /* entries not made: over the quota */
+	__u64 udp_tables;         /* exchange tables of its UDP sockets (sl_pol_replies one, sl_pol_replies_more two) */
+	__u64 udp_tables_refused; /* tables not made: over the quota */
 };
 
 /* What the agent hands sl_lb_forget: a translated socket that closed
@@ -189,6 +191,7 @@ enum sl_lb_counter {
 	SL_LB_AFFINITY_QUOTA,     /* affinity not recorded: the owner holds its quota of sl_svc_affinity, or it is full */
 	SL_LB_OUT_OF_SCOPE,       /* connects and sends to a service address left untranslated: host-only mode, or an opted-out pod */
 	SL_LB_POL_REPLIES_SPILLED, /* UDP exchanges moved out of a full socket table to its overflow table (sl_pol_replies_more) */
+	SL_LB_POL_REPLIES_QUOTA,   /* UDP exchanges not recorded: their socket's owner holds its quota of exchange tables */
 	SL_LB_MAX,
 };
 

@@ -21,6 +21,7 @@ enum sl_pol_limits {
 	SL_POL_REPLY_PROBES = 4,      /* slots a peer may take in its socket's table (a power of two) */
 	SL_POL_SOCK_MORE = 256,       /* exchanges a socket's overflow table keeps (a power of two) */
 	SL_POL_MORE_PROBES = 8,       /* slots a peer may take in a socket's overflow table (a power of two) */
+	SL_POL_MORE_CHARGE = 2,       /* tables an overflow table counts for its owner's quota (twice the size) */
 	SL_POL_CGROUP_DEPTH = 16,     /* ancestor levels searched for a pod's cgroup */
 };
 
@@ -137,7 +138,8 @@ struct sl_pol_flow {
  * judged. A small open-addressed table per socket, which nothing another
  * socket does can empty; a socket with more live exchanges than its table
  * holds moves some to an overflow table of its own (sl_pol_replies_more),
- * made at its first overflow. */
+ * made at its first overflow. Both are charged to the socket's owner
+ * (owner_udp_tables) and returned when the socket closes. */
 struct sl_pol_reply_peer {
 	__u32 ip[4];
 	__u16 port;
@@ -147,7 +149,8 @@ struct sl_pol_reply_peer {
 
 struct sl_pol_replies {
 	__u32 spilled;                /* the generation (low 32 bits) under which this socket last spilled (0: never) */
-	__u32 pad;
+	__u32 charged;                /* tables charged to owner for this socket: 1, 3 with its overflow table */
+	__u64 owner;                  /* the cgroup id charged (owner_udp_tables) */
 	struct sl_pol_reply_peer peers[SL_POL_SOCK_REPLIES];
 };
 

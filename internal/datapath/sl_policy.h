@@ -208,16 +208,56 @@ static __always_inline void pol_reply_set(struct sl_pol_reply_peer *p, const __u
 	p->generation = gen;
 }
 
-/* Moves an exchange out of sk's full table into its overflow table (made
- * now if it has none): to a slot of an older generation in the
- * exchange's probe window, or else over one drawn at random there, so
- * that a socket's exchanges only ever push out its own. 0 if the socket
- * could not have one (its option memory is used up). */
-static __always_inline int pol_reply_move(struct bpf_sock *sk, const struct sl_pol_reply_peer *old, __u32 gen)
+/* Charges owner n exchange tables within its quota (owner_udp_tables):
+ * 1 if charged, else counted as refused. */
+static __always_inline int pol_tables_charge(__u64 owner, __u32 n)
 {
-	struct sl_pol_replies_more *m = bpf_sk_storage_get(&sl_pol_replies_more, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!m)
-		return 0;
+	struct sl_lb_owner *o = lb_owner(owner);
+	if (o) {
+		if (__sync_fetch_and_add(&o->udp_tables, n) + n <= sl_settings.owner_udp_tables)
+			return 1;
+		owner_release_n(&o->udp_tables, n);
+		__sync_fetch_and_add(&o->udp_tables_refused, 1);
+	}
+	lb_count(SL_LB_POL_REPLIES_QUOTA);
+	return 0;
+}
+
+/* Returns what sk's exchange tables were charged (at its close). */
+static __always_inline void pol_tables_release(struct bpf_sock *sk)
+{
+	struct sl_pol_replies *r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, 0);
+	if (!r || !r->charged)
+		return;
+	__u64 owner = r->owner;
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (o)
+		owner_release_n(&o->udp_tables, r->charged);
+	r->charged = 0;
+}
+
+/* Moves an exchange out of sk's full table r into its overflow table
+ * (made now if it has none, charged to r's owner): to a slot of an older
+ * generation in the exchange's probe window, or else over one drawn at
+ * random there, so that a socket's exchanges only ever push out its own.
+ * 0 if the socket could not have one (its owner holds its quota of
+ * tables, or its option memory is used up). */
+static __always_inline int pol_reply_move(struct bpf_sock *sk, struct sl_pol_replies *r,
+					  const struct sl_pol_reply_peer *old, __u32 gen)
+{
+	struct sl_pol_replies_more *m = bpf_sk_storage_get(&sl_pol_replies_more, sk, 0, 0);
+	if (!m) {
+		if (!pol_tables_charge(r->owner, SL_POL_MORE_CHARGE))
+			return 0;
+		m = bpf_sk_storage_get(&sl_pol_replies_more, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!m) {
+			struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &r->owner);
+			if (o)
+				owner_release_n(&o->udp_tables, SL_POL_MORE_CHARGE);
+			return 0;
+		}
+		r->charged += SL_POL_MORE_CHARGE;
+	}
 	__u32 ip[4] = {old->ip[0], old->ip[1], old->ip[2], old->ip[3]};
 	__u16 port = old->port;
 	__u32 slot = SL_POL_SOCK_MORE; /* none free yet */
@@ -236,16 +276,38 @@ static __always_inline int pol_reply_move(struct bpf_sock *sk, const struct sl_p
 
 /* An unconnected UDP socket's exchange with a peer, under the live
  * policy: answers either way are part of a flow already judged. Kept in
- * the socket's own table; when a peer's probe window is full of live
- * exchanges, one of them (drawn at random) moves to the socket's overflow
- * table to make room. */
-static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
+ * the socket's own table, made at its first exchange and charged to
+ * owner (the socket's cgroup, or the sending process's); when a peer's
+ * probe window is full of live exchanges, one of them (drawn at random)
+ * moves to the socket's overflow table to make room. A socket whose owner
+ * holds its quota of tables records nothing: answers to it are judged
+ * as new flows. */
+static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port,
+					      __u64 owner)
 {
 	if (!sk)
 		return;
-	struct sl_pol_replies *r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!r)
-		return;
+	struct sl_pol_replies *r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, 0);
+	if (!r) {
+		if (!pol_tables_charge(owner, 1))
+			return;
+		r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!r) {
+			struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+			if (o)
+				owner_release_n(&o->udp_tables, 1);
+			return;
+		}
+		/* A racing first exchange of the same socket made it too:
+		 * one charge stays. */
+		if (__sync_val_compare_and_swap(&r->charged, 0, 1) == 0) {
+			r->owner = owner;
+		} else {
+			struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+			if (o)
+				owner_release_n(&o->udp_tables, 1);
+		}
+	}
 	__u32 gen = (__u32)ctl->generation;
 	__u32 slot = SL_POL_SOCK_REPLIES; /* none free yet */
 	for (__u32 i = 0; i < SL_POL_REPLY_PROBES; i++) {
@@ -258,7 +320,7 @@ static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bp
 	}
 	if (slot == SL_POL_SOCK_REPLIES) {
 		slot = pol_reply_slot(ip, port, bpf_get_prandom_u32() & (SL_POL_REPLY_PROBES - 1));
-		if (pol_reply_move(sk, &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)], gen)) {
+		if (pol_reply_move(sk, r, &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)], gen)) {
 			r->spilled = gen;
 			lb_count(SL_LB_POL_REPLIES_SPILLED);
 		}
@@ -316,7 +378,7 @@ static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const str
 	if (pol_judge(bank, self, self_class, self->identity, peer, peer ? peer->class : SL_POL_CLASS_WORLD, proto, dst->port, v))
 		return -1;
 	if (unconnected && (self->flags & SL_POL_ISOLATED_INGRESS))
-		pol_allow_replies(ctl, sk, dst->ip, dst->port);
+		pol_allow_replies(ctl, sk, dst->ip, dst->port, bpf_get_current_cgroup_id());
 	return 0;
 }
 

@@ -132,4 +132,5 @@ var lbCounters = map[string]counterRef{
 	"pol_flow_hits":       {famPolEvents, "flow_hits"},
 	"pol_replies":         {famPolEvents, "replies"},
 	"pol_replies_spilled": {famPolEvents, "replies_spilled"},
+	"pol_replies_quota":   {famQuota, "udp_tables"},
 }

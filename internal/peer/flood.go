@@ -7,25 +7,37 @@ import (
 	"net/netip"
 )
 
-// UDPFlood sends count one-byte datagrams from one unconnected UDP socket,
-// each to another (address, port) of addrs and ports in turn: a pod
-// making as many UDP exchanges as it can. It returns how many it sent.
-func UDPFlood(ctx context.Context, addrs []netip.Addr, ports []uint16, count int) (int, error) {
+// UDPFlood sends count one-byte datagrams round the (address, port) pairs
+// from sockets unconnected UDP sockets (a datagram each in turn) and
+// returns how many were sent. The sockets stay open until release is
+// called (nil on error).
+func UDPFlood(ctx context.Context, addrs []netip.Addr, ports []uint16, count, sockets int) (sent int, release func(), err error) {
 	if len(addrs) == 0 || len(ports) == 0 {
-		return 0, fmt.Errorf("udpflood: want addresses and ports")
+		return 0, nil, fmt.Errorf("udpflood: want addresses and ports")
 	}
-	pc, err := net.ListenUDP("udp", nil)
-	if err != nil {
-		return 0, err
+	if sockets < 1 {
+		return 0, nil, fmt.Errorf("udpflood: want at least one socket")
 	}
-	defer pc.Close()
-	sent := 0
+	pcs := make([]*net.UDPConn, 0, sockets)
+	release = func() {
+		for _, pc := range pcs {
+			pc.Close()
+		}
+	}
+	for range sockets {
+		pc, err := net.ListenUDP("udp", nil)
+		if err != nil {
+			release()
+			return 0, nil, fmt.Errorf("opening socket %d: %w", len(pcs), err)
+		}
+		pcs = append(pcs, pc)
+	}
 	for i := 0; i < count && ctx.Err() == nil; i++ {
 		a := addrs[(i/len(ports))%len(addrs)]
 		to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, ports[i%len(ports)]))
-		if _, err := pc.WriteToUDP([]byte{0}, to); err == nil {
+		if _, err := pcs[i%len(pcs)].WriteToUDP([]byte{0}, to); err == nil {
 			sent++
 		}
 	}
-	return sent, nil
+	return sent, release, nil
 }

@@ -30,9 +30,10 @@ type policyBed struct {
 	dir  string
 }
 
-func newPolicyBed(t *testing.T) *policyBed {
+func newPolicyBed(t *testing.T, settings ...string) *policyBed {
 	t.Helper()
 	pb := &policyBed{in: testutil.NewInstance(t), bed: testutil.Bed(t), pods: map[netpoltest.Pod]*testbed.Pod{}, dir: t.TempDir()}
+	pb.in.Settings = append(pb.in.Settings, settings...)
 	var all []*testbed.Pod
 	for _, p := range netpoltest.Pods() {
 		tp := testutil.Pod(t, pb.bed, p.NS+p.Name)
@@ -592,17 +593,96 @@ func TestPolicyReplyFlood(t *testing.T) {
 	for i := range busy {
 		busy[i] = xa.IPv4.String() + ":91/udpu"
 	}
-	spilled := lbCountersOf(t, pb.in)["pol_replies_spilled"]
+	counters := lbCountersOf(t, pb.in)
+	spilled := counters["pol_replies_spilled"]
 	ok := 0
-	for _, r := range reach(t, pb.in, yb, 10*time.Second, busy) {
+	var missed []string
+	for i, r := range reach(t, pb.in, yb, 10*time.Second, busy) {
 		if r.Result == "ok" && r.Label == "busy" {
 			ok++
+		} else {
+			missed = append(missed, fmt.Sprintf("%d: %s %q", i, r.Result, r.Label))
 		}
 	}
 	if ok != len(busy) {
-		t.Errorf("y/b's %d exchanges with the busy x/a: %d answered", len(busy), ok)
+		// What the kernel says of the lost ones: refused by the policy,
+		// or dropped by a full receive buffer (UDP RcvbufErrors of x/a
+		// and y/b).
+		now := lbCountersOf(t, pb.in)
+		t.Errorf("y/b's %d exchanges with the busy x/a: %d answered; missed %v; pol_denied_connect +%d, pol_denied_packet +%d; x/a's %s; y/b's %s",
+			len(busy), ok, missed, now["pol_denied_connect"]-counters["pol_denied_connect"], now["pol_denied_packet"]-counters["pol_denied_packet"],
+			udpErrors(t, xa), udpErrors(t, yb))
 	}
 	if got := lbCountersOf(t, pb.in)["pol_replies_spilled"]; got <= spilled {
 		t.Errorf("pol_replies_spilled %d -> %d: 160 live exchanges of one socket did not overflow its table", spilled, got)
 	}
+}
+
+// TestPolicyReplyQuota: a pod's unconnected UDP sockets hold at most its
+// quota of exchange tables (--owner-udp-tables), the socket storage each
+// makes at its first exchange from an isolated pod and nobody else pays
+// for. z/c opens three times its quota of sockets, each sending once: it
+// holds its quota, the rest are refused (counted, and named by status),
+// while x/a's exchange still gets its late answer; the tables come back
+// when z/c's sockets close.
+func TestPolicyReplyQuota(t *testing.T) {
+	const quota = 24
+	pb := newPolicyBed(t, "--owner-udp-tables", fmt.Sprint(quota))
+	pb.apply(t, pb.file(t, `
+  - metadata: {name: closed, namespace: x}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
+  - metadata: {name: closed, namespace: z}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
+`))
+	xa, yb, zc := pb.pod("x/a"), pb.pod("y/b"), pb.pod("z/c")
+	start(t, yb, pb.in.Bin, "peer", "whoami", "[::]:90", "--network", "udp", "--delay", "2s", "--label", "late")
+	waitUDPPort(t, yb, "[::]:90")
+	before := lbCountersOf(t, pb.in)
+	victim := start(t, xa, pb.in.Bin, "peer", "reach", "--timeout", "10s", yb.IPv4.String()+":90/udpu")
+	sockets := 3 * quota
+	flood, _ := backgroundIn(t, zc, fmt.Sprintf("%d\n", sockets), pb.in.Bin, "peer", "udpflood", "--ports", "90",
+		"--count", fmt.Sprint(sockets), "--sockets", fmt.Sprint(sockets), "--hold", "60s", yb.IPv4.String())
+	after := lbCountersOf(t, pb.in)
+	if got := after["pol_replies_quota"] - before["pol_replies_quota"]; got < uint64(sockets-quota) {
+		t.Errorf("pol_replies_quota +%d, want at least %d (z/c's sockets past its quota)", got, sockets-quota)
+	}
+	o := ownerOf(t, pb.in, zc)
+	if o == nil || o.UDPTables != quota || o.RefusedUDPTables < uint64(sockets-quota) {
+		t.Fatalf("status names z/c %+v, want it holding %d exchange tables, refused >= %d", o, quota, sockets-quota)
+	}
+	if err := victim.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("x/a's reach: %v: %s", err, victim.err.String())
+	}
+	var res []peer.Reach
+	if err := json.Unmarshal(victim.out.Bytes(), &res); err != nil || len(res) != 1 {
+		t.Fatalf("x/a's reach: %q: %v", victim.out.String(), err)
+	}
+	if res[0].Result != "ok" || res[0].Label != "late" {
+		t.Errorf("x/a's answer from y/b while z/c is over its quota: %s %q, want ok from late", res[0].Result, res[0].Label)
+	}
+	// z/c's sockets close: its tables come back.
+	_ = flood.Process.Kill()
+	_ = flood.Wait()
+	waitFor(t, func() bool { o := ownerOf(t, pb.in, zc); return o != nil && o.UDPTables == 0 })
+}
+
+// udpErrors is the Udp line of a pod's /proc/net/snmp (its network
+// namespace's counters), with the names.
+func udpErrors(t *testing.T, p *testbed.Pod) string {
+	t.Helper()
+	var names, values string
+	for _, l := range strings.Split(run(t, p, 10*time.Second, "cat", "/proc/net/snmp"), "\n") {
+		if strings.HasPrefix(l, "Udp: ") {
+			if names == "" {
+				names = l
+			} else {
+				values = l
+			}
+		}
+	}
+	return names + " / " + values
 }
