@@ -94,11 +94,12 @@ func newPeerCmd() *cobra.Command {
 		return peer.Echo(ctx, addr, mode, ready)
 	})
 	echo.Flags().IntVar(&fastOpen, "fastopen", 0, "accept TCP Fast Open data in SYNs (queue length; netpoll only)")
-	var sinkDelay time.Duration
+	var sinkOpts peer.SinkOptions
 	sink := listenCmd("sink", func(ctx context.Context, addr string, mode peer.IO, ready func(string)) error {
-		return peer.SinkAfter(ctx, addr, mode, ready, sinkDelay)
+		return peer.SinkWith(ctx, addr, mode, ready, sinkOpts)
 	})
-	sink.Flags().DurationVar(&sinkDelay, "delay", 0, "start reading each connection this long after accepting it")
+	sink.Flags().DurationVar(&sinkOpts.Delay, "delay", 0, "start reading each connection this long after accepting it")
+	sink.Flags().BoolVar(&sinkOpts.ByFIONREAD, "fionread", false, "read as many bytes as FIONREAD says, as nginx and Java's available() do (no answer if FIONREAD says 0 for 2 s with bytes queued)")
 	var size, count, warmup int
 	var duration time.Duration
 	clientCmd := func(use string, run func(ctx context.Context, addr string) (any, error)) *cobra.Command {

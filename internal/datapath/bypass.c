@@ -566,8 +566,70 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 		}
 		conn_leave(c, st->slot, st->gen, st->role);
 	}
+	/* A timer waiting for this socket to leave the map: it left. */
+	__u32 id = st->self_id;
+	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
+	if (v && v->gen == st->gen)
+		bpf_map_delete_elem(&sl_evict_timers, &id);
 	st->slot = SL_NO_SLOT;
 	count(SL_C_CLOSED, 1);
+}
+
+/* Whether the socket of (slot, role), whose incoming direction moved to
+ * TCP, may leave the map: what was redirected to it is read, and its peer
+ * can no longer redirect to it (a redirect to a socket that left the map
+ * fails with EPIPE). */
+static __always_inline int may_leave(__u32 slot, __u32 role, struct sock *self)
+{
+	return !queued_bytes(self) && !peer_may_redirect(member_sock(slot, role ^ 1));
+}
+
+/* The timer of a socket waiting to leave the map (key: its key in
+ * sl_sockhash): takes it out once it may leave, else checks again, up to
+ * SL_EVICT_TRIES times. A slot of another generation (the socket closed,
+ * its slot reused) or a closed member ends it. */
+static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
+{
+	__u32 id = *key;
+	__u32 slot = id >> 1, role = id & 1;
+	struct sl_conn *c = conn_of(slot);
+	struct sock *self = member_sock(slot, role);
+	if (!c || word_gen(c->word) != v->gen || !self)
+		goto done;
+	if (!may_leave(slot, role, self)) {
+		if (++v->tries < SL_EVICT_TRIES) {
+			bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS, 0);
+			return 0;
+		}
+		goto done;
+	}
+	if (!bpf_map_delete_elem(&sl_sockhash, &id))
+		count(SL_C_EVICTIONS, 1);
+done:
+	bpf_map_delete_elem(map, key);
+	return 0;
+}
+
+/* Has a timer check st's socket until it may leave the map: a reader that
+ * sizes its reads by FIONREAD sees 0 for the bytes TCP queues to a socket
+ * still in the map, and may wait for them without transmitting anything. */
+static __always_inline void evict_later(struct sl_sock *st)
+{
+	__u32 id = st->self_id;
+	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
+	if (v && v->gen == st->gen)
+		return; /* armed */
+	if (v)
+		bpf_map_delete_elem(&sl_evict_timers, &id); /* a closed socket's, of this slot */
+	struct sl_evict_timer init = {.gen = st->gen};
+	if (bpf_map_update_elem(&sl_evict_timers, &id, &init, BPF_NOEXIST))
+		return; /* full, or armed just now */
+	v = bpf_map_lookup_elem(&sl_evict_timers, &id);
+	if (!v)
+		return;
+	if (bpf_timer_init(&v->timer, &sl_evict_timers, SL_CLOCK_MONOTONIC) ||
+	    bpf_timer_set_callback(&v->timer, evict_check) || bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS, 0))
+		bpf_map_delete_elem(&sl_evict_timers, &id);
 }
 
 static __always_inline void on_transmit(struct bpf_sock_ops *skops)
@@ -618,11 +680,12 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
 		 * and not yet read: wait until that is empty, and until the
-		 * peer can no longer redirect here (a redirect to a socket
-		 * that left the map fails with EPIPE). */
-		if (st->in_map && (queued_bytes((struct sock *)bpf_skc_to_tcp_sock(sk)) ||
-				   peer_may_redirect(member_sock(st->slot, st->role ^ 1))))
+		 * peer can no longer redirect here. Until then a timer checks
+		 * too: the reader may send nothing once it has read. */
+		if (st->in_map && !may_leave(st->slot, st->role, (struct sock *)bpf_skc_to_tcp_sock(sk))) {
+			evict_later(st);
 			return;
+		}
 		st->evict = 0;
 		if (st->in_map && !bpf_map_delete_elem(&sl_sockhash, &st->self_id))
 			count(SL_C_EVICTIONS, 1);

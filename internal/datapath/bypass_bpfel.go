@@ -232,7 +232,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 25
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 26
 )
 
 type bypassSlListener struct {
@@ -392,6 +392,7 @@ const (
 	bypassMapSlConns         = "sl_conns"
 	bypassMapSlEvSettings    = "sl_ev_settings"
 	bypassMapSlEvents        = "sl_events"
+	bypassMapSlEvictTimers   = "sl_evict_timers"
 	bypassMapSlKernel        = "sl_kernel"
 	bypassMapSlLayout        = "sl_layout"
 	bypassMapSlListeners     = "sl_listeners"
@@ -473,6 +474,7 @@ type bypassMapSpecs struct {
 	SlConns       *ebpf.MapSpec `ebpf:"sl_conns"`
 	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
+	SlEvictTimers *ebpf.MapSpec `ebpf:"sl_evict_timers"`
 	SlKernel      *ebpf.MapSpec `ebpf:"sl_kernel"`
 	SlLayout      *ebpf.MapSpec `ebpf:"sl_layout"`
 	SlListeners   *ebpf.MapSpec `ebpf:"sl_listeners"`
@@ -522,6 +524,7 @@ type bypassMaps struct {
 	SlConns       *ebpf.Map `ebpf:"sl_conns"`
 	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
 	SlEvents      *ebpf.Map `ebpf:"sl_events"`
+	SlEvictTimers *ebpf.Map `ebpf:"sl_evict_timers"`
 	SlKernel      *ebpf.Map `ebpf:"sl_kernel"`
 	SlLayout      *ebpf.Map `ebpf:"sl_layout"`
 	SlListeners   *ebpf.Map `ebpf:"sl_listeners"`
@@ -545,6 +548,7 @@ func (m *bypassMaps) Close() error {
 		m.SlConns,
 		m.SlEvSettings,
 		m.SlEvents,
+		m.SlEvictTimers,
 		m.SlKernel,
 		m.SlLayout,
 		m.SlListeners,

@@ -268,6 +268,7 @@ var (
 		asm.FnRingbufSubmit: "5.8", asm.FnSkcToTcpSock: "5.9", asm.FnSetRetval: "5.18",
 		asm.FnSkbLoadBytes: "4.5", asm.FnSkFullsock: "5.1", asm.FnGetCurrentAncestorCgroupId: "5.7",
 		asm.FnGetCurrentTask: "4.8", asm.FnSkbCgroupId: "4.18",
+		asm.FnTimerInit: "5.15", asm.FnTimerSetCallback: "5.15", asm.FnTimerStart: "5.15",
 	}
 	// Helpers that came to a program type later than to tracing: the
 	// base helpers of CAP_PERFMON (the current task, reading kernel

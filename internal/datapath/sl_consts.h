@@ -57,7 +57,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 25,
+	SL_LAYOUT_VERSION = 26,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -187,6 +187,14 @@ enum sl_sig_mask {
  * to a bare redirect); a limit of at least SO_RCVBUF is overshot by at
  * most this. */
 #define SL_BACKLOG_CHECK_BYTES (64 << 10)
+/* A socket whose incoming direction moved to TCP leaves the map once what
+ * was redirected to it is read; a timer re-checks every SL_EVICT_CHECK_NS
+ * from its first transmit that found it busy, SL_EVICT_TRIES times at most
+ * (about 10 s), for up to SL_MAX_EVICT_TIMERS sockets at once (beyond,
+ * its transmits alone check). */
+#define SL_EVICT_CHECK_NS 1000000ull
+#define SL_EVICT_TRIES 10000
+#define SL_MAX_EVICT_TIMERS 4096
 
 /* Streams of small sends (see small_stream in bypass.c): a direction whose
  * sends are smaller than SL_STREAM_SMALL bytes moves to TCP once

@@ -44,6 +44,7 @@ struct sock {
 } __attribute__((preserve_access_index));
 
 #define SL_O_NONBLOCK 04000
+#define SL_CLOCK_MONOTONIC 1
 
 /* msg_tot_len: bytes redirected into a socket and not yet read.
  * apply_bytes: what is left of the socket's open verdict window.

@@ -60,6 +60,16 @@ struct {
 	__type(value, struct sl_conn_socks);
 } sl_conn_socks SEC(".maps");
 
+/* Sockets whose incoming direction moved to TCP and that still hold
+ * redirected bytes: a timer each, which takes them out of the map once
+ * those are read, with no transmit of theirs needed (see on_transmit). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_EVICT_TIMERS);
+	__type(key, __u32);
+	__type(value, struct sl_evict_timer);
+} sl_evict_timers SEC(".maps");
+
 /* Connection slots never used yet are taken in order from this counter
  * (nothing is filled at load); slots freed since wait in sl_conn_free and
  * are taken only once the counter has passed SL_MAX_CONNS: a freed slot

@@ -4,6 +4,7 @@
 #define SL_STRUCTS_H
 
 #include <linux/types.h>
+#include <linux/bpf.h>
 
 /* A pointer to a kernel socket kept in a map without a reference: reads go
  * through fault-handling loads, and the owner clears it when it closes. */
@@ -183,6 +184,14 @@ struct sl_sock {
 	__u8 streak;     /* windows of small sends used up fast since the other
 			  * direction last sent (small_stream) */
 	__u8 pad2[3];
+};
+
+/* A socket waiting to leave the map (sl_evict_timers, keyed by its key in
+ * sl_sockhash): the generation of its slot and the checks made. */
+struct sl_evict_timer {
+	struct bpf_timer timer;
+	__u32 gen;
+	__u32 tries;
 };
 
 /* Scratch space for one process's signal handlers (sl_kernel.h). */

@@ -138,29 +138,96 @@ func newBufPool() *sync.Pool {
 // Sink serves stream clients: it reads each connection to EOF with a large
 // buffer and answers with the byte count (8 bytes, big endian).
 func Sink(ctx context.Context, addr string, mode IO, ready func(string)) error {
-	return SinkAfter(ctx, addr, mode, ready, 0)
+	return SinkWith(ctx, addr, mode, ready, SinkOptions{})
 }
 
-// SinkAfter is Sink, reading each connection only delay after accepting
-// it: its client's first bytes queue up meanwhile.
-func SinkAfter(ctx context.Context, addr string, mode IO, ready func(string), delay time.Duration) error {
+// SinkOptions are how a sink reads.
+type SinkOptions struct {
+	// Delay is how long after accepting a connection it starts reading
+	// (its client's first bytes queue up meanwhile).
+	Delay time.Duration
+	// ByFIONREAD reads as programs that size their reads by FIONREAD do
+	// (nginx, Java's available()): see readByFIONREAD.
+	ByFIONREAD bool
+}
+
+// SinkWith is Sink, reading each connection as o says.
+func SinkWith(ctx context.Context, addr string, mode IO, ready func(string), o SinkOptions) error {
 	bufs := newBufPool()
 	return serve(ctx, addr, mode, ready, func(c benchConn) {
 		buf := bufs.Get().(*[]byte)
 		defer bufs.Put(buf)
-		time.Sleep(delay)
+		time.Sleep(o.Delay)
 		var n uint64
-		for {
-			k, err := c.Read(*buf)
-			n += uint64(k)
-			if err != nil {
-				break
+		if o.ByFIONREAD {
+			var err error
+			if n, err = readByFIONREAD(c, *buf); err != nil {
+				fmt.Fprintf(os.Stderr, "sink: %v after %d bytes; no answer\n", err, n)
+				return
+			}
+		} else {
+			for {
+				k, err := c.Read(*buf)
+				n += uint64(k)
+				if err != nil {
+					break
+				}
 			}
 		}
 		var b [8]byte
 		binary.BigEndian.PutUint64(b[:], n)
 		_, _ = c.Write(b[:])
 	})
+}
+
+// fionreadPatience is how long readByFIONREAD waits for FIONREAD to count
+// bytes a peek saw queued.
+const fionreadPatience = 2 * time.Second
+
+// readByFIONREAD reads c to its end of file the way programs that size
+// their reads by FIONREAD do: it waits for bytes (MSG_PEEK), then reads as
+// many as FIONREAD says. Such a program waits for more when FIONREAD says
+// 0; this one fails if FIONREAD still says 0 after fionreadPatience with
+// bytes queued.
+func readByFIONREAD(c benchConn, buf []byte) (uint64, error) {
+	var s sock
+	switch v := c.(type) {
+	case *blockingSock:
+		s = v
+	case *net.TCPConn:
+		ps, err := newPollSock(v)
+		if err != nil {
+			return 0, err
+		}
+		s = ps
+	default:
+		return 0, fmt.Errorf("reading by FIONREAD: a %T has no file descriptor", c)
+	}
+	var n uint64
+	one := make([]byte, 1)
+	for {
+		if _, err := s.Peek(one); err != nil {
+			if errors.Is(err, errEOF) {
+				return n, nil
+			}
+			return n, fmt.Errorf("MSG_PEEK: %w", err)
+		}
+		avail, err := s.Available()
+		for start := time.Now(); err == nil && avail == 0; avail, err = s.Available() {
+			if time.Since(start) > fionreadPatience {
+				return n, fmt.Errorf("FIONREAD said 0 for %v with bytes queued", fionreadPatience)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if err != nil {
+			return n, fmt.Errorf("FIONREAD: %w", err)
+		}
+		k, err := s.Read(buf[:min(avail, len(buf))])
+		n += uint64(k)
+		if err != nil {
+			return n, err
+		}
+	}
 }
 
 // Echo serves ping-pong and short-connection clients: every byte read is

@@ -162,11 +162,18 @@ func receive(s sock, server bool, clientMode Mode, checkFIONREAD bool) (header, 
 				return h, v, fmt.Errorf("MSG_PEEK: %w", err)
 			}
 			avail, err := s.Available()
+			// After a move to TCP, FIONREAD counts only redirected bytes
+			// until the socket leaves the map, which it does within a
+			// millisecond or so of reading them (a timer checks): give
+			// it fionreadPatience to catch up.
+			for start := time.Now(); checkFIONREAD && err == nil && avail < pn && time.Since(start) < fionreadPatience; avail, err = s.Available() {
+				time.Sleep(time.Millisecond)
+			}
 			if err != nil {
 				return h, v, fmt.Errorf("FIONREAD: %w", err)
 			}
 			if checkFIONREAD && avail < pn {
-				return h, v, fmt.Errorf("FIONREAD says %d bytes after MSG_PEEK returned %d", avail, pn)
+				return h, v, fmt.Errorf("FIONREAD says %d bytes %v after MSG_PEEK returned %d", avail, fionreadPatience, pn)
 			}
 			n, err := s.Read(buf[:pn])
 			if err != nil {

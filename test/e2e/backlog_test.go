@@ -78,3 +78,41 @@ func TestBacklogGrace(t *testing.T) {
 		})
 	}
 }
+
+// TestBacklogReceiverLeaves: a socket whose incoming direction moved to
+// TCP leaves the map once it has read what was redirected to it, without
+// a transmit of its own: a timer checks it. Until it leaves, FIONREAD
+// counts only redirected bytes (the kernel's tcp_bpf_ioctl), so a reader
+// that sizes its reads by FIONREAD (nginx, Java's available()) sees 0 for
+// what TCP queued, and sends nothing while it waits for more. The sink is
+// such a reader: it starts 300 ms after accepting (131 sends of 16 KiB at
+// once: over twice the limit at the 129th, the rest through TCP, within
+// the receive window and acknowledged long before, then the FIN), and
+// fails if FIONREAD says 0 for 2 s with bytes queued. Without the timer
+// it failed so: the socket stayed in the map, as nothing made it transmit.
+func TestBacklogReceiverLeaves(t *testing.T) {
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	in.Settings = append(in.Settings, "--backlog-limit", "1048576")
+	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+	in.Attach(srv, cli)
+	const msg = 16 << 10
+	listen := "0.0.0.0:7410"
+	sink := start(t, srv, in.Bin, "peer", "sink", listen, "--delay", "300ms", "--fionread")
+	waitPort(t, srv, listen)
+	before := in.Counters()
+	// stream fails unless the sink answered with every byte counted.
+	st := start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:7410", srv.IPv4), "--size", fmt.Sprint(msg), "--count", "131")
+	if err := st.wait(t, time.Minute); err != nil {
+		t.Fatalf("stream: %v: %s; sink: %s", err, st.err.String(), sink.err.String())
+	}
+	d := testutil.Delta(before, in.Counters())
+	if !readStatus(t, in).Kernel.PsockMsgTotLen {
+		// No backlog rule (6.1): nothing moves.
+		mustEqual(t, d, "fallback_backlog", 0)
+		return
+	}
+	mustEqual(t, d, "fallback_backlog", 1)
+	mustAtLeast(t, d, "pass_bytes", 1)
+	mustEqual(t, d, "evictions", 2)
+}
