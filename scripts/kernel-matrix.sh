@@ -64,7 +64,7 @@ fi
 read -r -a bins <<< "${SOCKLANE_MATRIX_TESTS:-kerneltest datapath sockbugs statesync e2e}"
 e2e_run='^(TestBypassIntegrity|TestBlockingIO|TestLoopbackNamespaceIsolation|TestRemotePeerNotRedirected|TestConnsTable'
 e2e_run+='|TestServiceLB|TestServiceLBEdgeCases|TestServiceBackendRemoval|TestServiceTrackedPrune'
-e2e_run+='|TestBriefConnections|TestNoPeerConnections|TestBacklogGrace|TestFastOpenOrder|TestConnectionTakeover'
+e2e_run+='|TestBriefConnections|TestNoPeerConnections|TestBacklogGrace|TestBacklogReceiverLeaves|TestFastOpenOrder|TestConnectionTakeover'
 e2e_run+='|TestDetachReclaimsSlots|TestAgentRestartAndDown|TestDownRemovesOnlyOwnPins'
 e2e_run+='|TestAdoptRefusesOtherLayout|TestEvents|TestBypassAuto|TestRedis|TestNginx'
 e2e_run+='|TestCapture|TestOwnerQuotas|TestServiceScope|TestServiceMaglev'
