@@ -585,9 +585,9 @@ static __always_inline int may_leave(__u32 slot, __u32 role, struct sock *self)
 }
 
 /* The timer of a socket waiting to leave the map (key: its key in
- * sl_sockhash): takes it out once it may leave, else checks again, up to
- * SL_EVICT_TRIES times. A slot of another generation (the socket closed,
- * its slot reused) or a closed member ends it. */
+ * sl_sockhash): takes it out once it may leave, else checks again later
+ * (SL_EVICT_* in sl_consts.h). A slot of another generation (the socket
+ * closed, its slot reused) or a closed member ends it. */
 static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 {
 	__u32 id = *key;
@@ -597,11 +597,14 @@ static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 	if (!c || word_gen(c->word) != v->gen || !self)
 		goto done;
 	if (!may_leave(slot, role, self)) {
-		if (++v->tries < SL_EVICT_TRIES) {
-			bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS, 0);
-			return 0;
-		}
-		goto done;
+		if (bpf_ktime_get_ns() >= v->until_ns)
+			goto done;
+		__u32 shift = v->tries / SL_EVICT_STEP;
+		if (shift > SL_EVICT_MAX_SHIFT)
+			shift = SL_EVICT_MAX_SHIFT;
+		v->tries++;
+		bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS << shift, 0);
+		return 0;
 	}
 	if (!bpf_map_delete_elem(&sl_sockhash, &id))
 		count(SL_C_EVICTIONS, 1);
@@ -617,11 +620,13 @@ static __always_inline void evict_later(struct sl_sock *st)
 {
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
-	if (v && v->gen == st->gen)
-		return; /* armed */
+	if (v && v->gen == st->gen) {
+		v->tries = 0; /* armed; its next checks come soon again */
+		return;
+	}
 	if (v)
 		bpf_map_delete_elem(&sl_evict_timers, &id); /* a closed socket's, of this slot */
-	struct sl_evict_timer init = {.gen = st->gen};
+	struct sl_evict_timer init = {.gen = st->gen, .until_ns = bpf_ktime_get_ns() + SL_EVICT_FOR_NS};
 	if (bpf_map_update_elem(&sl_evict_timers, &id, &init, BPF_NOEXIST))
 		return; /* full, or armed just now */
 	v = bpf_map_lookup_elem(&sl_evict_timers, &id);

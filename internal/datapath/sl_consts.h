@@ -57,7 +57,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 26,
+	SL_LAYOUT_VERSION = 27,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -188,12 +188,16 @@ enum sl_sig_mask {
  * most this. */
 #define SL_BACKLOG_CHECK_BYTES (64 << 10)
 /* A socket whose incoming direction moved to TCP leaves the map once what
- * was redirected to it is read; a timer re-checks every SL_EVICT_CHECK_NS
- * from its first transmit that found it busy, SL_EVICT_TRIES times at most
- * (about 10 s), for up to SL_MAX_EVICT_TIMERS sockets at once (beyond,
- * its transmits alone check). */
+ * was redirected to it is read; from its first transmit that found it busy
+ * a timer re-checks, every SL_EVICT_CHECK_NS for SL_EVICT_STEP checks, then
+ * twice as far apart every SL_EVICT_STEP checks up to SL_EVICT_CHECK_NS <<
+ * SL_EVICT_MAX_SHIFT (64 ms; a transmit of the socket, while it waits,
+ * makes the checks frequent again), for SL_EVICT_FOR_NS at most, for up to
+ * SL_MAX_EVICT_TIMERS sockets at once (beyond, its transmits alone check). */
 #define SL_EVICT_CHECK_NS 1000000ull
-#define SL_EVICT_TRIES 10000
+#define SL_EVICT_STEP 16
+#define SL_EVICT_MAX_SHIFT 6
+#define SL_EVICT_FOR_NS 10000000000ull
 #define SL_MAX_EVICT_TIMERS 4096
 
 /* Streams of small sends (see small_stream in bypass.c): a direction whose

