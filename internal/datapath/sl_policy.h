@@ -223,16 +223,21 @@ static __always_inline int pol_tables_charge(__u64 owner, __u32 n)
 	return 0;
 }
 
+/* Returns n exchange tables charged to owner. */
+static __always_inline void pol_tables_uncharge(__u64 owner, __u32 n)
+{
+	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
+	if (o)
+		owner_release_n(&o->udp_tables, n);
+}
+
 /* Returns what sk's exchange tables were charged (at its close). */
 static __always_inline void pol_tables_release(struct bpf_sock *sk)
 {
 	struct sl_pol_replies *r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, 0);
 	if (!r || !r->charged)
 		return;
-	__u64 owner = r->owner;
-	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
-	if (o)
-		owner_release_n(&o->udp_tables, r->charged);
+	pol_tables_uncharge(r->owner, r->charged);
 	r->charged = 0;
 }
 
@@ -251,9 +256,7 @@ static __always_inline int pol_reply_move(struct bpf_sock *sk, struct sl_pol_rep
 			return 0;
 		m = bpf_sk_storage_get(&sl_pol_replies_more, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 		if (!m) {
-			struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &r->owner);
-			if (o)
-				owner_release_n(&o->udp_tables, SL_POL_MORE_CHARGE);
+			pol_tables_uncharge(r->owner, SL_POL_MORE_CHARGE);
 			return 0;
 		}
 		r->charged += SL_POL_MORE_CHARGE;
@@ -293,20 +296,15 @@ static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bp
 			return;
 		r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 		if (!r) {
-			struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
-			if (o)
-				owner_release_n(&o->udp_tables, 1);
+			pol_tables_uncharge(owner, 1);
 			return;
 		}
 		/* A racing first exchange of the same socket made it too:
 		 * one charge stays. */
-		if (__sync_val_compare_and_swap(&r->charged, 0, 1) == 0) {
+		if (__sync_val_compare_and_swap(&r->charged, 0, 1) == 0)
 			r->owner = owner;
-		} else {
-			struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
-			if (o)
-				owner_release_n(&o->udp_tables, 1);
-		}
+		else
+			pol_tables_uncharge(owner, 1);
 	}
 	__u32 gen = (__u32)ctl->generation;
 	__u32 slot = SL_POL_SOCK_REPLIES; /* none free yet */
