@@ -198,14 +198,42 @@ static __always_inline int pol_reply_is(const struct sl_pol_reply_peer *p, const
 	       p->ip[2] == ip[2] && p->ip[3] == ip[3];
 }
 
-static __always_inline void pol_reply_set(struct sl_pol_reply_peer *p, const __u32 *ip, __u16 port, __u32 gen)
+/* A slot a writer is filling in. Datagrams of one socket are let in on any
+ * CPU, so two exchanges may be recorded in its table at once: a writer
+ * takes a slot by a compare-and-swap of its generation to this value,
+ * fills it in, then publishes the generation (an exchange written over
+ * another's without that was lost at times: one answer in 160). */
+#define SL_POL_REPLY_CLAIMED 0xffffffffu
+
+/* The generation exchanges are recorded under: the live policy's low 32
+ * bits, never the claim marker. */
+static __always_inline __u32 pol_reply_gen(const struct sl_pol_live *ctl)
+{
+	__u32 gen = (__u32)ctl->generation;
+	return gen == SL_POL_REPLY_CLAIMED ? gen - 1 : gen;
+}
+
+/* Takes slot p if it holds none of gen and no writer has it; with
+ * replace, a slot of gen too (seen: what it held). 1 if taken. */
+static __always_inline int pol_reply_claim(struct sl_pol_reply_peer *p, __u32 gen, int replace, __u32 *seen)
+{
+	__u32 g = p->generation;
+	*seen = g;
+	if (g == SL_POL_REPLY_CLAIMED || (g == gen && !replace))
+		return 0;
+	return __sync_val_compare_and_swap(&p->generation, g, SL_POL_REPLY_CLAIMED) == g;
+}
+
+/* Fills a claimed slot in, then publishes it (an atomic exchange: its
+ * stores are visible before the generation is). */
+static __always_inline void pol_reply_fill(struct sl_pol_reply_peer *p, const __u32 *ip, __u16 port, __u32 gen)
 {
 	p->ip[0] = ip[0];
 	p->ip[1] = ip[1];
 	p->ip[2] = ip[2];
 	p->ip[3] = ip[3];
 	p->port = port;
-	p->generation = gen;
+	__sync_lock_test_and_set(&p->generation, gen);
 }
 
 /* Charges owner n exchange tables within its quota (owner_udp_tables):
@@ -255,26 +283,35 @@ static __always_inline int pol_reply_move(struct bpf_sock *sk, struct sl_pol_rep
 		if (!pol_tables_charge(r->owner, SL_POL_MORE_CHARGE))
 			return 0;
 		m = bpf_sk_storage_get(&sl_pol_replies_more, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-		if (!m) {
+		if (m) {
+			__sync_fetch_and_add(&r->charged, SL_POL_MORE_CHARGE);
+		} else {
+			/* Made just now on another CPU (a create that loses the
+			 * race gets none), or no memory left: one charge stays. */
 			pol_tables_uncharge(r->owner, SL_POL_MORE_CHARGE);
-			return 0;
+			m = bpf_sk_storage_get(&sl_pol_replies_more, sk, 0, 0);
+			if (!m)
+				return 0;
 		}
-		r->charged += SL_POL_MORE_CHARGE;
 	}
 	__u32 ip[4] = {old->ip[0], old->ip[1], old->ip[2], old->ip[3]};
 	__u16 port = old->port;
-	__u32 slot = SL_POL_SOCK_MORE; /* none free yet */
+	__u32 seen;
 	for (__u32 i = 0; i < SL_POL_MORE_PROBES; i++) {
-		__u32 s = pol_more_slot(ip, port, i);
-		if (m->peers[s].generation != gen) {
-			slot = s;
-			break;
+		struct sl_pol_reply_peer *p = &m->peers[pol_more_slot(ip, port, i)];
+		if (pol_reply_claim(p, gen, 0, &seen)) {
+			pol_reply_fill(p, ip, port, gen);
+			return 1;
 		}
 	}
-	if (slot == SL_POL_SOCK_MORE)
-		slot = pol_more_slot(ip, port, bpf_get_prandom_u32() & (SL_POL_MORE_PROBES - 1));
-	pol_reply_set(&m->peers[slot & (SL_POL_SOCK_MORE - 1)], ip, port, gen);
-	return 1;
+	for (__u32 i = 0; i < SL_POL_MORE_PROBES; i++) {
+		struct sl_pol_reply_peer *p = &m->peers[pol_more_slot(ip, port, bpf_get_prandom_u32() & (SL_POL_MORE_PROBES - 1))];
+		if (pol_reply_claim(p, gen, 1, &seen)) {
+			pol_reply_fill(p, ip, port, gen);
+			return 1;
+		}
+	}
+	return 1; /* every slot of its window being written: lost */
 }
 
 /* An unconnected UDP socket's exchange with a peer, under the live
@@ -295,35 +332,45 @@ static __always_inline void pol_allow_replies(struct sl_pol_live *ctl, struct bp
 		if (!pol_tables_charge(owner, 1))
 			return;
 		r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-		if (!r) {
+		/* A first exchange of the same socket on another CPU may have
+		 * made it just now (a create that loses the race gets none):
+		 * one charge stays. */
+		if (r && __sync_val_compare_and_swap(&r->charged, 0, 1) == 0) {
+			r->owner = owner;
+		} else {
 			pol_tables_uncharge(owner, 1);
+			if (!r)
+				r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, 0);
+			if (!r)
+				return;
+		}
+	}
+	__u32 gen = pol_reply_gen(ctl);
+	for (__u32 i = 0; i < SL_POL_REPLY_PROBES; i++) {
+		if (pol_reply_is(&r->peers[pol_reply_slot(ip, port, i)], ip, port, gen))
+			return;
+	}
+	__u32 seen;
+	for (__u32 i = 0; i < SL_POL_REPLY_PROBES; i++) {
+		struct sl_pol_reply_peer *p = &r->peers[pol_reply_slot(ip, port, i)];
+		if (pol_reply_claim(p, gen, 0, &seen)) {
+			pol_reply_fill(p, ip, port, gen);
 			return;
 		}
-		/* A racing first exchange of the same socket made it too:
-		 * one charge stays. */
-		if (__sync_val_compare_and_swap(&r->charged, 0, 1) == 0)
-			r->owner = owner;
-		else
-			pol_tables_uncharge(owner, 1);
 	}
-	__u32 gen = (__u32)ctl->generation;
-	__u32 slot = SL_POL_SOCK_REPLIES; /* none free yet */
+	/* The window is full of live exchanges (or being written): one,
+	 * drawn at random, moves to the overflow table. */
 	for (__u32 i = 0; i < SL_POL_REPLY_PROBES; i++) {
-		__u32 s = pol_reply_slot(ip, port, i);
-		struct sl_pol_reply_peer *p = &r->peers[s];
-		if (pol_reply_is(p, ip, port, gen))
-			return;
-		if (p->generation != gen && slot == SL_POL_SOCK_REPLIES)
-			slot = s;
-	}
-	if (slot == SL_POL_SOCK_REPLIES) {
-		slot = pol_reply_slot(ip, port, bpf_get_prandom_u32() & (SL_POL_REPLY_PROBES - 1));
-		if (pol_reply_move(sk, r, &r->peers[slot & (SL_POL_SOCK_REPLIES - 1)], gen)) {
+		struct sl_pol_reply_peer *p = &r->peers[pol_reply_slot(ip, port, bpf_get_prandom_u32() & (SL_POL_REPLY_PROBES - 1))];
+		if (!pol_reply_claim(p, gen, 1, &seen))
+			continue;
+		if (seen == gen && pol_reply_move(sk, r, p, gen)) {
 			r->spilled = gen;
 			lb_count(SL_LB_POL_REPLIES_SPILLED);
 		}
+		pol_reply_fill(p, ip, port, gen);
+		return;
 	}
-	pol_reply_set(&r->peers[slot & (SL_POL_SOCK_REPLIES - 1)], ip, port, gen);
 }
 
 static __always_inline int pol_is_reply(struct sl_pol_live *ctl, struct bpf_sock *sk, const __u32 *ip, __u16 port)
@@ -333,7 +380,7 @@ static __always_inline int pol_is_reply(struct sl_pol_live *ctl, struct bpf_sock
 	struct sl_pol_replies *r = bpf_sk_storage_get(&sl_pol_replies, sk, 0, 0);
 	if (!r)
 		return 0;
-	__u32 gen = (__u32)ctl->generation;
+	__u32 gen = pol_reply_gen(ctl);
 	for (__u32 i = 0; i < SL_POL_REPLY_PROBES; i++) {
 		if (pol_reply_is(&r->peers[pol_reply_slot(ip, port, i)], ip, port, gen))
 			return 1;
