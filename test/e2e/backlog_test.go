@@ -18,11 +18,7 @@ import (
 // kernel whose sk_psock does not count queued bytes (6.1) the rule is off,
 // as status says: everything stays in the bypass and still arrives.
 func TestBacklogGrace(t *testing.T) {
-	b := testutil.Bed(t)
-	in := testutil.NewInstance(t)
-	in.Settings = append(in.Settings, "--backlog-limit", "1048576")
-	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-	in.Attach(srv, cli)
+	_, in, srv, cli := serverClient(t, "--backlog-limit", "1048576")
 	ks := readStatus(t, in)
 	if !ks.Kernel.PsockMsgTotLen {
 		t.Logf("this kernel's sk_psock does not count queued bytes: the rule is off (%q)", ks.Adapted)
@@ -91,11 +87,7 @@ func TestBacklogGrace(t *testing.T) {
 // fails if FIONREAD says 0 for 2 s with bytes queued. Without the timer
 // it failed so: the socket stayed in the map, as nothing made it transmit.
 func TestBacklogReceiverLeaves(t *testing.T) {
-	b := testutil.Bed(t)
-	in := testutil.NewInstance(t)
-	in.Settings = append(in.Settings, "--backlog-limit", "1048576")
-	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-	in.Attach(srv, cli)
+	_, in, srv, cli := serverClient(t, "--backlog-limit", "1048576")
 	if !readStatus(t, in).Kernel.PsockMsgTotLen || fionreadBypassed(t, in) {
 		// 6.1: no backlog rule (nothing moves to TCP, no socket waits to
 		// leave), and FIONREAD answers 0 for redirected bytes anyway.
