@@ -628,7 +628,7 @@ static __always_inline void evict_later(struct sl_sock *st)
 		bpf_map_delete_elem(&sl_evict_timers, &id); /* a closed socket's, of this slot */
 	struct sl_evict_timer init = {.gen = st->gen, .until_ns = bpf_ktime_get_ns() + SL_EVICT_FOR_NS};
 	if (bpf_map_update_elem(&sl_evict_timers, &id, &init, BPF_NOEXIST))
-		return; /* full, or armed just now */
+		return; /* armed just now, or out of memory */
 	v = bpf_map_lookup_elem(&sl_evict_timers, &id);
 	if (!v)
 		return;

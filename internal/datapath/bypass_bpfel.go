@@ -232,7 +232,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 27
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 28
 )
 
 type bypassSlListener struct {

@@ -57,7 +57,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 27,
+	SL_LAYOUT_VERSION = 28,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -192,13 +192,12 @@ enum sl_sig_mask {
  * a timer re-checks, every SL_EVICT_CHECK_NS for SL_EVICT_STEP checks, then
  * twice as far apart every SL_EVICT_STEP checks up to SL_EVICT_CHECK_NS <<
  * SL_EVICT_MAX_SHIFT (64 ms; a transmit of the socket, while it waits,
- * makes the checks frequent again), for SL_EVICT_FOR_NS at most, for up to
- * SL_MAX_EVICT_TIMERS sockets at once (beyond, its transmits alone check). */
+ * makes the checks frequent again), for SL_EVICT_FOR_NS at most (then its
+ * transmits alone check). */
 #define SL_EVICT_CHECK_NS 1000000ull
 #define SL_EVICT_STEP 16
 #define SL_EVICT_MAX_SHIFT 6
 #define SL_EVICT_FOR_NS 10000000000ull
-#define SL_MAX_EVICT_TIMERS 4096
 
 /* Streams of small sends (see small_stream in bypass.c): a direction whose
  * sends are smaller than SL_STREAM_SMALL bytes moves to TCP once

@@ -62,10 +62,14 @@ struct {
 
 /* Sockets whose incoming direction moved to TCP and that still hold
  * redirected bytes: a timer each, which takes them out of the map once
- * those are read, with no transmit of theirs needed (see on_transmit). */
+ * those are read, with no transmit of theirs needed (see on_transmit).
+ * Room for every key of sl_sockhash, allocated as used: no pod can fill it
+ * and leave another's sockets without a timer (a pod's share is bounded by
+ * its connection slots, SL_OWNER_CONNS). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, SL_MAX_EVICT_TIMERS);
+	__uint(max_entries, SL_MAX_SOCKS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct sl_evict_timer);
 } sl_evict_timers SEC(".maps");
