@@ -106,6 +106,13 @@ static __always_inline __u64 sock_owner(struct sock *sk)
 	return kn->id;
 }
 
+/* A kfunc of 6.2 on: a pointer the verifier lets a program read through
+ * directly (read-only, each load fault-tolerant), for a type it names by
+ * its kernel BTF id. Weak: absent on older kernels, where its address reads
+ * 0 (sl_ksym_exists) and its branch is dead code. */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+#define sl_ksym_exists(sym) (!!&(sym))
+
 static __always_inline struct sk_psock *psock_of(struct sock *sk)
 {
 	if (!sk)
@@ -124,6 +131,13 @@ static __always_inline __u32 queued_bytes(struct sock *sk)
 	if (!ps)
 		return 0;
 	if (bpf_core_field_exists(ps->msg_tot_len)) {
+		/* Read by a plain load where the kernel can type the pointer
+		 * (read-only, faults tolerated): the helper call costs about
+		 * as much again as the rest of a backlog check. */
+		if (sl_ksym_exists(bpf_rdonly_cast)) {
+			struct sk_psock *ro = bpf_rdonly_cast(ps, bpf_core_type_id_kernel(struct sk_psock));
+			return ro->msg_tot_len;
+		}
 		bpf_core_read(&queued, sizeof(queued), &ps->msg_tot_len);
 		return queued;
 	}
