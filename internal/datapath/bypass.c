@@ -606,6 +606,12 @@ static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 		bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS << shift, 0);
 		return 0;
 	}
+	/* Again just before the delete: a close, the slot's reuse and a new
+	 * handshake during the checks above would have put a newer socket
+	 * under this key. (Comparing the entry itself needs a referenced
+	 * lookup, and sock_ops has no bpf_sk_release to drop it.) */
+	if (word_gen(c->word) != v->gen || member_sock(slot, role) != self)
+		goto done;
 	if (!bpf_map_delete_elem(&sl_sockhash, &id))
 		count(SL_C_EVICTIONS, 1);
 done:
