@@ -920,6 +920,26 @@ static __always_inline int small_stream(struct sl_sock *st, struct sl_conn *c, _
 	return st->streak >= SL_STREAM_WINDOWS;
 }
 
+/* The verdict window a redirect of a len-byte send opens (0: none): the
+ * kernel then redirects the next that-many bytes, this send included,
+ * without running sl_msg. A send under verdict_window opens one of
+ * verdict_window bytes (for small sends the verdict is most of the cost);
+ * a larger one under SL_LARGE_WINDOW opens one of SL_LARGE_WINDOW (the
+ * verdict is then a few percent of a send; above it, under 1%). None for
+ * a direction's first send (its verdict count is exact up to there, which
+ * is what tells a brief connection), with windows off (verdict_window 0),
+ * or for a connection being captured, which gets a verdict per send so
+ * that every send is seen. */
+static __always_inline __u32 window_of(struct sl_capture_cfg *cap, struct sl_conn *c, __u32 dir, __u32 len)
+{
+	__u32 w = sl_settings.verdict_window;
+	if (!w || !c->msgs[dir] || cap)
+		return 0;
+	if (len < w)
+		return w;
+	return len < SL_LARGE_WINDOW ? SL_LARGE_WINDOW : 0;
+}
+
 SEC("sk_msg")
 int sl_msg(struct sk_msg_md *msg)
 {
@@ -952,10 +972,9 @@ int sl_msg(struct sk_msg_md *msg)
 	}
 	__u8 reason = 0;
 	if (st->path == SL_PATH_BYPASS) {
-		/* A captured connection gets a verdict per send, so that
-		 * every send is seen; others open a window for small sends. */
 		struct sl_capture_cfg *cap = capture_of(c);
-		int small = !cap && sl_settings.verdict_window && len < sl_settings.verdict_window && c->msgs[dir];
+		__u32 win = window_of(cap, c, dir, len);
+		int small = win && len < sl_settings.verdict_window;
 		reason = SL_C_FALLBACK_BACKLOG;
 		if (!peer_backlogged(st, dir ^ 1, redirected + len))
 			reason = small && small_stream(st, c, dir, len, redirected) ? SL_C_FALLBACK_SMALL_STREAM
@@ -963,8 +982,8 @@ int sl_msg(struct sk_msg_md *msg)
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
 				__u64 window = 0;
-				if (small && !bpf_msg_apply_bytes(msg, sl_settings.verdict_window)) {
-					st->win_left = sl_settings.verdict_window - len;
+				if (win && !bpf_msg_apply_bytes(msg, win)) {
+					st->win_left = win - len;
 					window = 1;
 				}
 				if (cap)

@@ -26,11 +26,12 @@ struct sl_config {
 	/* Sends smaller than this many bytes redirect under one verdict for
 	 * the next verdict_window bytes (bpf_msg_apply_bytes): the kernel
 	 * then moves them without running sl_msg, which is most of a small
-	 * send's cost. The program runs again once the window is used up, so
-	 * every decision (backlog, fallback) is at most one window late. A
-	 * direction's first send never opens one: its verdict count is exact
-	 * up to there, which is what tells a brief connection. 0: a verdict
-	 * per send. */
+	 * send's cost. Larger sends under SL_LARGE_WINDOW open a window of
+	 * SL_LARGE_WINDOW bytes. The program runs again once the window is
+	 * used up, so every decision (backlog, fallback) is at most one
+	 * window late. A direction's first send never opens one: its verdict
+	 * count is exact up to there, which is what tells a brief connection.
+	 * 0: a verdict per send, whatever its size. */
 	__u32 verdict_window;
 	/* SL_MODE_ON: connections with an end that reads in blocking mode are
 	 * bypassed too. Otherwise they stay on TCP: the kernel's sockmap

@@ -18,7 +18,7 @@ enum sl_counter {
 	SL_C_CONNS_TCP,              /* local-candidate connections left on TCP */
 	SL_C_REDIRECT_MSGS,          /* redirect verdicts (a verdict window covers many sends) */
 	SL_C_REDIRECT_BYTES,         /* bytes moved socket to socket */
-	SL_C_REDIRECT_WINDOWS,       /* verdicts that also covered the next verdict_window bytes */
+	SL_C_REDIRECT_WINDOWS,       /* verdicts that also covered the next sends (a verdict window) */
 	SL_C_PASS_MSGS,              /* messages of managed sockets left to TCP */
 	SL_C_PASS_BYTES,
 	SL_C_FALLBACK_PEER_NOT_READY, /* client sent before its peer joined */
@@ -187,6 +187,11 @@ enum sl_sig_mask {
  * to a bare redirect); a limit of at least SO_RCVBUF is overshot by at
  * most this. */
 #define SL_BACKLOG_CHECK_BYTES (64 << 10)
+/* Sends from verdict_window up to this size open a verdict window of this
+ * many bytes (sl_msg's window_of): one verdict per 64 KiB, as often as the
+ * backlog is read while under its limit, so no decision comes later than
+ * it already could. */
+#define SL_LARGE_WINDOW (64u << 10)
 /* A socket whose incoming direction moved to TCP leaves the map once what
  * was redirected to it is read; from its first transmit that found it busy
  * a timer re-checks, every SL_EVICT_CHECK_NS for SL_EVICT_STEP checks, then

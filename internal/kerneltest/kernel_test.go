@@ -98,13 +98,17 @@ func runRole(role string, args []string) error {
 			}
 			unix.Close(c)
 		}
-	case "client": // ADDR CONNS BYTES: echo streams, each checked by SHA-256; prints the peer address
+	case "client": // ADDR CONNS BYTES [WRITE]: echo streams, each checked by SHA-256; prints the peer address
 		conns, _ := strconv.Atoi(args[1])
 		size, _ := strconv.Atoi(args[2])
+		write := 0 // random sizes up to 48 KiB
+		if len(args) > 3 {
+			write, _ = strconv.Atoi(args[3])
+		}
 		errs := make(chan error, conns)
 		peers := make(chan string, conns)
 		for i := range conns {
-			go func() { p, err := stream(args[0], size, uint64(i)); peers <- p; errs <- err }()
+			go func() { p, err := stream(args[0], size, write, uint64(i)); peers <- p; errs <- err }()
 		}
 		for range conns {
 			if err := <-errs; err != nil {
@@ -117,9 +121,9 @@ func runRole(role string, args []string) error {
 	return fmt.Errorf("unknown role %q", role)
 }
 
-// stream sends size pseudo-random bytes in writes of random sizes and
-// checks that the same bytes come back, in order.
-func stream(addr string, size int, seed uint64) (string, error) {
+// stream sends size pseudo-random bytes in writes of write bytes (0:
+// random sizes) and checks that the same bytes come back, in order.
+func stream(addr string, size, write int, seed uint64) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		return "", err
@@ -133,7 +137,11 @@ func stream(addr string, size int, seed uint64) (string, error) {
 	}
 	go func() {
 		for off := 0; off < len(data); {
-			n := min(1+rng.IntN(48<<10), len(data)-off)
+			n := write
+			if n == 0 {
+				n = 1 + rng.IntN(48<<10)
+			}
+			n = min(n, len(data)-off)
 			if _, err := c.Write(data[off : off+n]); err != nil {
 				return
 			}
@@ -250,10 +258,15 @@ func (n *node) server(role string, args ...string) {
 	n.t.Fatalf("%s did not listen: %s", role, out.String())
 }
 
-// client runs the client role to the end and returns its output.
-func (n *node) client(addr string, conns, size int) string {
+// client runs the client role to the end and returns its output; write
+// is the size of its writes (none: random).
+func (n *node) client(addr string, conns, size int, write ...int) string {
 	n.t.Helper()
-	cmd, out := n.run("client", addr, strconv.Itoa(conns), strconv.Itoa(size))
+	args := []string{addr, strconv.Itoa(conns), strconv.Itoa(size)}
+	for _, w := range write {
+		args = append(args, strconv.Itoa(w))
+	}
+	cmd, out := n.run("client", args...)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
@@ -300,6 +313,42 @@ func TestBypassIntegrity(t *testing.T) {
 	}
 	if d["err_sockhash"]+d["err_conn_table_full"]+d["err_storage"] != 0 {
 		t.Errorf("datapath errors: %v", d)
+	}
+}
+
+// TestLargeSendWindows: sends from the verdict window up to 64 KiB redirect
+// under one verdict per 64 KiB (a verdict window), every byte intact, and a
+// closed connection's byte counts are exact: what each window carried is
+// counted at the next verdict or, for the last one, at close.
+func TestLargeSendWindows(t *testing.T) {
+	n := newNode(t)
+	n.server("echo", "127.0.0.1:7704")
+	before := n.counters()
+	const size, write = 4 << 20, 16 << 10
+	n.client("127.0.0.1:7704", 1, size, write)
+	// The echo closes once it has read the client's close.
+	var d map[string]uint64
+	for i := 0; i < 250; i++ {
+		if d = delta(before, n.counters()); d["closed"] >= 2 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%v", d)
+	if d["conns_bypassed"] != 1 || d["closed"] != 2 {
+		t.Fatalf("want one bypassed connection, both ends closed: %v", d)
+	}
+	// 256 writes each way at 16 KiB (the echo writes what it read, up to
+	// 64 KiB a time, and a 64 KiB write opens no window): without windows
+	// at least 256 + 64 verdicts and none opening one; with them about one
+	// per 64 KiB each way (the client's 64 windows, after its first send).
+	const most, least = 2*size/(64<<10) + 16, size / (64 << 10) / 2
+	if d["redirect_msgs"] > most || d["redirect_windows"] < least {
+		t.Errorf("%d verdicts, %d of them opening a window, for %d bytes each way in %d-byte writes: want at most %d and at least %d",
+			d["redirect_msgs"], d["redirect_windows"], size, write, most, least)
+	}
+	if d["redirect_bytes"] != 2*size || d["pass_bytes"] != 0 {
+		t.Errorf("counted %d bytes redirected and %d through TCP, want exactly %d and 0", d["redirect_bytes"], d["pass_bytes"], 2*size)
 	}
 }
 

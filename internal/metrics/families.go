@@ -25,7 +25,7 @@ var (
 	famDecided       = family{"connections_decided_total", "Node-local connections decided, by path: bypass (both ends joined) or tcp (left on the kernel's stack).", prometheus.CounterValue, []string{"path"}}
 	famVerdicts      = family{"redirect_verdicts_total", "Redirect verdicts of the sk_msg program (a verdict window covers many sends).", prometheus.CounterValue, nil}
 	famRedirBytes    = family{"redirected_bytes_total", "Bytes moved socket to socket by the bypass (lags by less than one verdict window per open connection).", prometheus.CounterValue, nil}
-	famWindows       = family{"redirect_windows_total", "Redirect verdicts that also covered the next verdict-window bytes.", prometheus.CounterValue, nil}
+	famWindows       = family{"redirect_windows_total", "Redirect verdicts that also covered the sends after them (a verdict window).", prometheus.CounterValue, nil}
 	famPassMsgs      = family{"passed_messages_total", "Messages of managed sockets left to TCP.", prometheus.CounterValue, nil}
 	famPassBytes     = family{"passed_bytes_total", "Bytes of managed sockets left to TCP.", prometheus.CounterValue, nil}
 	famFallbacks     = family{"fallbacks_total", "Connection directions moved to (or kept on) TCP, by reason; brief and no_peer count whole connections left on TCP without joining, from what was learned of their destination (its recent connections were brief, or found no managed server).", prometheus.CounterValue, []string{"reason"}}
