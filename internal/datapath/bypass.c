@@ -924,8 +924,8 @@ static __always_inline int small_stream(struct sl_sock *st, struct sl_conn *c, _
  * kernel then redirects the next that-many bytes, this send included,
  * without running sl_msg. A send under verdict_window opens one of
  * verdict_window bytes (for small sends the verdict is most of the cost);
- * a larger one under SL_LARGE_WINDOW opens one of SL_LARGE_WINDOW (the
- * verdict is then a few percent of a send; above it, under 1%). None for
+ * a larger one under SL_LARGE_WINDOW opens one of SL_LARGE_WINDOW (a
+ * verdict is then 1-5% of a send's cost; above it, under 1%). None for
  * a direction's first send (its verdict count is exact up to there, which
  * is what tells a brief connection), with windows off (verdict_window 0),
  * or for a connection being captured, which gets a verdict per send so

@@ -157,7 +157,7 @@ func settingTable() []setting {
 		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
 			usage: "sockets whose connects to service addresses are balanced at connect(): all (every managed socket, but pods opted out) or host (the host's network namespace only: pods' service traffic is left to kube-proxy, as a service mesh's sidecars need)"},
 		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,
-			usage: "sends smaller than this many bytes redirect under one verdict for the next this-many bytes, larger ones under 64 KiB for the next 64 KiB (0: a verdict per send)"},
+			usage: "sends smaller than this many bytes redirect under one verdict for the next this-many bytes, larger ones under 256 KiB for the next 256 KiB (0: a verdict per send)"},
 		{name: "owner-conns", num: func(s *Settings) *uint32 { return &s.OwnerConns }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_CONNS),
 			usage: "bypass connection slots one cgroup (a pod's container) may hold; its further connections stay on TCP (0: the default)"},
 		{name: "owner-listeners", num: func(s *Settings) *uint32 { return &s.OwnerListeners }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_LISTENERS),

@@ -188,10 +188,10 @@ enum sl_sig_mask {
  * most this. */
 #define SL_BACKLOG_CHECK_BYTES (64 << 10)
 /* Sends from verdict_window up to this size open a verdict window of this
- * many bytes (sl_msg's window_of): one verdict per 64 KiB, as often as the
- * backlog is read while under its limit, so no decision comes later than
- * it already could. */
-#define SL_LARGE_WINDOW (64u << 10)
+ * many bytes (sl_msg's window_of): one verdict per 256 KiB, so a backlog
+ * or fallback decision comes at most 256 KiB late, against a backlog limit
+ * of at least SO_RCVBUF (by default tcp_rmem max). */
+#define SL_LARGE_WINDOW (256u << 10)
 /* A socket whose incoming direction moved to TCP leaves the map once what
  * was redirected to it is read; from its first transmit that found it busy
  * a timer re-checks, every SL_EVICT_CHECK_NS for SL_EVICT_STEP checks, then

@@ -316,8 +316,8 @@ func TestBypassIntegrity(t *testing.T) {
 	}
 }
 
-// TestLargeSendWindows: sends from the verdict window up to 64 KiB redirect
-// under one verdict per 64 KiB (a verdict window), every byte intact, and a
+// TestLargeSendWindows: sends from the verdict window up to 256 KiB redirect
+// under one verdict per 256 KiB (a verdict window), every byte intact, and a
 // closed connection's byte counts are exact: what each window carried is
 // counted at the next verdict or, for the last one, at close.
 func TestLargeSendWindows(t *testing.T) {
@@ -339,10 +339,11 @@ func TestLargeSendWindows(t *testing.T) {
 		t.Fatalf("want one bypassed connection, both ends closed: %v", d)
 	}
 	// 256 writes each way at 16 KiB (the echo writes what it read, up to
-	// 64 KiB a time, and a 64 KiB write opens no window): without windows
-	// at least 256 + 64 verdicts and none opening one; with them about one
-	// per 64 KiB each way (the client's 64 windows, after its first send).
-	const most, least = 2*size/(64<<10) + 16, size / (64 << 10) / 2
+	// 64 KiB a time): without windows at least 256 + 64 verdicts and none
+	// opening one; with them about one per 256 KiB each way (the client's
+	// 16 windows after its first send, and a verdict where a write crosses
+	// the end of one).
+	const most, least = 2*size/(256<<10) + 16, size / (256 << 10) / 2
 	if d["redirect_msgs"] > most || d["redirect_windows"] < least {
 		t.Errorf("%d verdicts, %d of them opening a window, for %d bytes each way in %d-byte writes: want at most %d and at least %d",
 			d["redirect_msgs"], d["redirect_windows"], size, write, most, least)
