@@ -555,6 +555,12 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 				bpf_map_delete_elem(&sl_conn_index, &c->client);
 		}
 		if (word_gen(c->word) == st->gen) {
+			/* A socket that reaches CLOSE before its close() (it
+			 * shut down its writes, then its peer's FIN came) gets
+			 * here before sl_release: what it used of an open
+			 * window is counted now, while the psock is still
+			 * attached (the map lets go of it after this callback). */
+			credit_window(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
 			if (sl_settings.bypass_brief != SL_MODE_ON && st->role == SL_ROLE_CLIENT)
 				brief_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);

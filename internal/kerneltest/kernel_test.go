@@ -122,7 +122,8 @@ func runRole(role string, args []string) error {
 }
 
 // stream sends size pseudo-random bytes in writes of write bytes (0:
-// random sizes) and checks that the same bytes come back, in order.
+// random sizes), half-closes, and checks that the same bytes come back, in
+// order, then the echo's close.
 func stream(addr string, size, write int, seed uint64) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
@@ -147,6 +148,7 @@ func stream(addr string, size, write int, seed uint64) (string, error) {
 			}
 			off += n
 		}
+		_ = c.(*net.TCPConn).CloseWrite()
 	}()
 	got := make([]byte, size)
 	if _, err := io.ReadFull(c, got); err != nil {
@@ -158,6 +160,12 @@ func stream(addr string, size, write int, seed uint64) (string, error) {
 			i++
 		}
 		return "", fmt.Errorf("echo differs from what was sent at byte %d of %d", i, size)
+	}
+	// The echo closes at our half-close: its FIN takes this socket to
+	// TIME_WAIT, so it reaches CLOSE before our close() (the byte counts of
+	// an open verdict window are taken at whichever comes first).
+	if n, err := c.Read(got[:1]); n != 0 || err != io.EOF {
+		return "", fmt.Errorf("reading the echo's end: %d bytes more, %v", n, err)
 	}
 	return c.RemoteAddr().String(), nil
 }
