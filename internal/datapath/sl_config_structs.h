@@ -27,9 +27,9 @@ struct sl_config {
 	 * the next verdict_window bytes (bpf_msg_apply_bytes): the kernel
 	 * then moves them without running sl_msg, which is most of a small
 	 * send's cost. Larger sends under SL_LARGE_WINDOW (256 KiB) open a
-	 * window of SL_LARGE_WINDOW bytes. The program runs again once the window is
-	 * used up, so every decision (backlog, fallback) is at most one
-	 * window late. A direction's first send never opens one: its verdict
+	 * window of SL_LARGE_WINDOW bytes. The program runs again once a
+	 * window is used up, so every decision (backlog, fallback) is at
+	 * most one window late. A direction's first send never opens one: its verdict
 	 * count is exact up to there, which is what tells a brief connection.
 	 * 0: a verdict per send, whatever its size. */
 	__u32 verdict_window;
