@@ -539,6 +539,15 @@ static __always_inline void credit_window(struct sl_sock *st, struct sl_conn *c,
 	st->win_left = 0;
 }
 
+/* Deletes a waiting socket's timer entry (key id, value v) and returns the
+ * timer to its owner; only the deleter that wins returns it. */
+static __always_inline void evict_timer_drop(__u32 *id, struct sl_evict_timer *v)
+{
+	__u64 owner = v->owner;
+	if (!bpf_map_delete_elem(&sl_evict_timers, id))
+		owner_release(owner, SL_HOLD_EVICT_TIMERS);
+}
+
 static __always_inline void on_close(struct bpf_sock_ops *skops)
 {
 	struct bpf_sock *sk = skops->sk;
@@ -576,7 +585,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
 	if (v && v->gen == st->gen)
-		bpf_map_delete_elem(&sl_evict_timers, &id);
+		evict_timer_drop(&id, v);
 	st->slot = SL_NO_SLOT;
 	count(SL_C_CLOSED, 1);
 }
@@ -621,14 +630,19 @@ static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 	if (!bpf_map_delete_elem(&sl_sockhash, &id))
 		count(SL_C_EVICTIONS, 1);
 done:
-	bpf_map_delete_elem(map, key);
+	evict_timer_drop(key, v);
 	return 0;
 }
 
 /* Has a timer check st's socket until it may leave the map: a reader that
  * sizes its reads by FIONREAD sees 0 for the bytes TCP queues to a socket
- * still in the map, and may wait for them without transmitting anything. */
-static __always_inline void evict_later(struct sl_sock *st)
+ * still in the map, and may wait for them without transmitting anything.
+ * The timer is charged to the connection's owner (the client's, as its
+ * slot), within owner_evict_timers: each checks up to 1,000 times a
+ * second in softirq, charged to no process, so a pod whose connections
+ * keep thousands of sockets waiting would have the node spend CPU for it.
+ * Beyond the quota a socket is checked at its own transmits only. */
+static __always_inline void evict_later(struct sl_sock *st, struct sl_conn *c)
 {
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
@@ -637,16 +651,23 @@ static __always_inline void evict_later(struct sl_sock *st)
 		return;
 	}
 	if (v)
-		bpf_map_delete_elem(&sl_evict_timers, &id); /* a closed socket's, of this slot */
-	struct sl_evict_timer init = {.gen = st->gen, .until_ns = bpf_ktime_get_ns() + SL_EVICT_FOR_NS};
-	if (bpf_map_update_elem(&sl_evict_timers, &id, &init, BPF_NOEXIST))
-		return; /* armed just now, or out of memory */
+		evict_timer_drop(&id, v); /* a closed socket's, of this slot */
+	__u64 owner = c->owner;
+	if (!owner_charge(owner, SL_HOLD_EVICT_TIMERS)) {
+		count(SL_C_EVICT_TIMER_QUOTA, 1);
+		return;
+	}
+	struct sl_evict_timer init = {.gen = st->gen, .until_ns = bpf_ktime_get_ns() + SL_EVICT_FOR_NS, .owner = owner};
+	if (bpf_map_update_elem(&sl_evict_timers, &id, &init, BPF_NOEXIST)) {
+		owner_release(owner, SL_HOLD_EVICT_TIMERS); /* armed just now, or out of memory */
+		return;
+	}
 	v = bpf_map_lookup_elem(&sl_evict_timers, &id);
 	if (!v)
-		return;
+		return; /* deleted at once: its deleter returned the charge */
 	if (bpf_timer_init(&v->timer, &sl_evict_timers, SL_CLOCK_MONOTONIC) ||
 	    bpf_timer_set_callback(&v->timer, evict_check) || bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS, 0))
-		bpf_map_delete_elem(&sl_evict_timers, &id);
+		evict_timer_drop(&id, v);
 }
 
 static __always_inline void on_transmit(struct bpf_sock_ops *skops)
@@ -700,7 +721,9 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 		 * peer can no longer redirect here. Until then a timer checks
 		 * too: the reader may send nothing once it has read. */
 		if (st->in_map && !may_leave(st->slot, st->role, (struct sock *)bpf_skc_to_tcp_sock(sk))) {
-			evict_later(st);
+			struct sl_conn *c = conn_of(st->slot);
+			if (c && word_gen(c->word) == st->gen)
+				evict_later(st, c);
 			return;
 		}
 		st->evict = 0;

@@ -58,7 +58,9 @@ type bypassSlConfig struct {
 	OwnerLbConns       uint32
 	OwnerAffinity      uint32
 	OwnerUdpTables     uint32
+	OwnerEvictTimers   uint32
 	LbHostOnly         bypassSlMode
+	_                  [4]byte
 	HostNetns          uint64
 	ListenerKptr       uint32
 	_                  [4]byte
@@ -134,12 +136,13 @@ const (
 	bypassSlCounterSL_C_FALLBACK_BYPASS_OFF     bypassSlCounter = 30
 	bypassSlCounterSL_C_BLOCKING_QUIET          bypassSlCounter = 31
 	bypassSlCounterSL_C_FALLBACK_SMALL_STREAM   bypassSlCounter = 32
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 33
+	bypassSlCounterSL_C_EVICT_TIMER_QUOTA       bypassSlCounter = 33
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 34
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [33]uint64
+	C [34]uint64
 }
 
 type bypassSlDefaults uint32
@@ -232,7 +235,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 28
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 29
 )
 
 type bypassSlListener struct {
@@ -262,11 +265,13 @@ const (
 )
 
 type bypassSlOwner struct {
-	_                structs.HostLayout
-	Conns            uint64
-	Listeners        uint64
-	RefusedConns     uint64
-	RefusedListeners uint64
+	_                  structs.HostLayout
+	Conns              uint64
+	Listeners          uint64
+	RefusedConns       uint64
+	RefusedListeners   uint64
+	EvictTimers        uint64
+	RefusedEvictTimers uint64
 }
 
 type bypassSlPath uint32
@@ -280,16 +285,18 @@ const (
 type bypassSlQuota uint32
 
 const (
-	bypassSlQuotaSL_OWNER_CONNS          bypassSlQuota = 8192
-	bypassSlQuotaSL_OWNER_LISTENERS      bypassSlQuota = 1024
-	bypassSlQuotaSL_OWNER_LB_CONNS       bypassSlQuota = 16384
-	bypassSlQuotaSL_OWNER_AFFINITY       bypassSlQuota = 4096
-	bypassSlQuotaSL_OWNER_UDP_TABLES     bypassSlQuota = 16384
-	bypassSlQuotaSL_QUOTA_MAX_CONNS      bypassSlQuota = 65536
-	bypassSlQuotaSL_QUOTA_MAX_LISTENERS  bypassSlQuota = 65536
-	bypassSlQuotaSL_QUOTA_MAX_LB_CONNS   bypassSlQuota = 131072
-	bypassSlQuotaSL_QUOTA_MAX_AFFINITY   bypassSlQuota = 262144
-	bypassSlQuotaSL_QUOTA_MAX_UDP_TABLES bypassSlQuota = 1048576
+	bypassSlQuotaSL_OWNER_CONNS            bypassSlQuota = 8192
+	bypassSlQuotaSL_OWNER_LISTENERS        bypassSlQuota = 1024
+	bypassSlQuotaSL_OWNER_LB_CONNS         bypassSlQuota = 16384
+	bypassSlQuotaSL_OWNER_AFFINITY         bypassSlQuota = 4096
+	bypassSlQuotaSL_OWNER_UDP_TABLES       bypassSlQuota = 16384
+	bypassSlQuotaSL_OWNER_EVICT_TIMERS     bypassSlQuota = 256
+	bypassSlQuotaSL_QUOTA_MAX_CONNS        bypassSlQuota = 65536
+	bypassSlQuotaSL_QUOTA_MAX_LISTENERS    bypassSlQuota = 65536
+	bypassSlQuotaSL_QUOTA_MAX_LB_CONNS     bypassSlQuota = 131072
+	bypassSlQuotaSL_QUOTA_MAX_AFFINITY     bypassSlQuota = 262144
+	bypassSlQuotaSL_QUOTA_MAX_UDP_TABLES   bypassSlQuota = 1048576
+	bypassSlQuotaSL_QUOTA_MAX_EVICT_TIMERS bypassSlQuota = 131072
 )
 
 type bypassSlReclaimArgs struct {

@@ -12,33 +12,36 @@ import (
 
 // Quotas are what one owner (a cgroup) may hold of the node-wide tables.
 type Quotas struct {
-	Conns     uint64 `json:"conns"`
-	Listeners uint64 `json:"listeners"`
-	LBConns   uint64 `json:"lb_conns"`
-	Affinity  uint64 `json:"affinity"`
-	UDPTables uint64 `json:"udp_tables"`
+	Conns       uint64 `json:"conns"`
+	Listeners   uint64 `json:"listeners"`
+	LBConns     uint64 `json:"lb_conns"`
+	Affinity    uint64 `json:"affinity"`
+	UDPTables   uint64 `json:"udp_tables"`
+	EvictTimers uint64 `json:"evict_timers"`
 }
 
 // Owner is what one cgroup holds of the node-wide tables, and what it was
 // refused beyond its quota.
 type Owner struct {
-	Cgroup           uint64 `json:"cgroup_id"`
-	Path             string `json:"cgroup,omitempty"`
-	Conns            uint64 `json:"conns"`
-	Listeners        uint64 `json:"listeners"`
-	LBConns          uint64 `json:"lb_conns"`
-	RefusedConns     uint64 `json:"refused_conns"`
-	RefusedListeners uint64 `json:"refused_listeners"`
-	RefusedLBConns   uint64 `json:"refused_lb_conns"`
-	Affinity         uint64 `json:"affinity"`
-	RefusedAffinity  uint64 `json:"refused_affinity"`
-	UDPTables        uint64 `json:"udp_tables"`
-	RefusedUDPTables uint64 `json:"refused_udp_tables"`
+	Cgroup             uint64 `json:"cgroup_id"`
+	Path               string `json:"cgroup,omitempty"`
+	Conns              uint64 `json:"conns"`
+	Listeners          uint64 `json:"listeners"`
+	LBConns            uint64 `json:"lb_conns"`
+	RefusedConns       uint64 `json:"refused_conns"`
+	RefusedListeners   uint64 `json:"refused_listeners"`
+	RefusedLBConns     uint64 `json:"refused_lb_conns"`
+	Affinity           uint64 `json:"affinity"`
+	RefusedAffinity    uint64 `json:"refused_affinity"`
+	UDPTables          uint64 `json:"udp_tables"`
+	RefusedUDPTables   uint64 `json:"refused_udp_tables"`
+	EvictTimers        uint64 `json:"evict_timers"`
+	RefusedEvictTimers uint64 `json:"refused_evict_timers"`
 }
 
 // Refused reports whether the owner was ever refused an entry.
 func (o Owner) Refused() bool {
-	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns+o.RefusedAffinity+o.RefusedUDPTables > 0
+	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns+o.RefusedAffinity+o.RefusedUDPTables+o.RefusedEvictTimers > 0
 }
 
 // Owners lists every owner the datapath charged, in cgroup id order.
@@ -57,6 +60,7 @@ func (d *Datapath) Owners() ([]Owner, error) {
 	for id, v := range bp {
 		o := get(id)
 		o.Conns, o.Listeners, o.RefusedConns, o.RefusedListeners = v.Conns, v.Listeners, v.RefusedConns, v.RefusedListeners
+		o.EvictTimers, o.RefusedEvictTimers = v.EvictTimers, v.RefusedEvictTimers
 	}
 	lb, err := readAll[uint64, servicelbSlLbOwner](d.lb.SlLbOwners)
 	if err != nil {

@@ -43,11 +43,12 @@ const (
 // Default owner quotas and their bounds (enum sl_quota): the tables'
 // sizes.
 const (
-	DefaultOwnerConns     = uint32(bypassSlQuotaSL_OWNER_CONNS)
-	DefaultOwnerListeners = uint32(bypassSlQuotaSL_OWNER_LISTENERS)
-	DefaultOwnerLBConns   = uint32(bypassSlQuotaSL_OWNER_LB_CONNS)
-	DefaultOwnerAffinity  = uint32(bypassSlQuotaSL_OWNER_AFFINITY)
-	DefaultOwnerUDPTables = uint32(bypassSlQuotaSL_OWNER_UDP_TABLES)
+	DefaultOwnerConns       = uint32(bypassSlQuotaSL_OWNER_CONNS)
+	DefaultOwnerListeners   = uint32(bypassSlQuotaSL_OWNER_LISTENERS)
+	DefaultOwnerLBConns     = uint32(bypassSlQuotaSL_OWNER_LB_CONNS)
+	DefaultOwnerAffinity    = uint32(bypassSlQuotaSL_OWNER_AFFINITY)
+	DefaultOwnerUDPTables   = uint32(bypassSlQuotaSL_OWNER_UDP_TABLES)
+	DefaultOwnerEvictTimers = uint32(bypassSlQuotaSL_OWNER_EVICT_TIMERS)
 )
 
 // DefaultSettings are what a load asks for when nothing is given: the
@@ -57,13 +58,13 @@ const (
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
 		BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
-		OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, LbHostOnly: ModeOff}
+		OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, LbHostOnly: ModeOff}
 }
 
 // Quotas are what one owner may hold under s.
 func (s Settings) Quotas() Quotas {
 	return Quotas{Conns: uint64(s.OwnerConns), Listeners: uint64(s.OwnerListeners), LBConns: uint64(s.OwnerLbConns),
-		Affinity: uint64(s.OwnerAffinity), UDPTables: uint64(s.OwnerUdpTables)}
+		Affinity: uint64(s.OwnerAffinity), UDPTables: uint64(s.OwnerUdpTables), EvictTimers: uint64(s.OwnerEvictTimers)}
 }
 
 // On reports whether a resolved mode is on.
@@ -111,6 +112,7 @@ func (s Settings) Resolve(f Features) Settings {
 	}{
 		{&s.OwnerConns, DefaultOwnerConns}, {&s.OwnerListeners, DefaultOwnerListeners}, {&s.OwnerLbConns, DefaultOwnerLBConns},
 		{&s.OwnerAffinity, DefaultOwnerAffinity}, {&s.OwnerUdpTables, DefaultOwnerUDPTables},
+		{&s.OwnerEvictTimers, DefaultOwnerEvictTimers},
 	} {
 		if *q.v == 0 {
 			*q.v = q.def
@@ -168,6 +170,8 @@ func settingTable() []setting {
 			usage: "ClientIP affinity entries (client network namespace, service port) one cgroup may have made; beyond it its connects are balanced without affinity (0: the default)"},
 		{name: "owner-udp-tables", num: func(s *Settings) *uint32 { return &s.OwnerUdpTables }, unit: "tables", max: uint32(bypassSlQuotaSL_QUOTA_MAX_UDP_TABLES),
 			usage: "exchange tables one cgroup's unconnected UDP sockets may hold under network policy (3 KiB each, made at a socket's first send from an isolated pod; a socket's overflow table counts two); beyond it the exchanges of its further sockets are not recorded and answers to them are judged as new flows (0: the default)"},
+		{name: "owner-evict-timers", num: func(s *Settings) *uint32 { return &s.OwnerEvictTimers }, unit: "timers", max: uint32(bypassSlQuotaSL_QUOTA_MAX_EVICT_TIMERS),
+			usage: "timers one cgroup's connections may have waiting for a socket to leave the bypass after a move to TCP (each checks up to 1,000 times a second, in the kernel, charged to no process); beyond it such a socket is checked at its own transmits only (0: the default)"},
 	}
 }
 

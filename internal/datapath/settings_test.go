@@ -17,13 +17,13 @@ import (
 func TestSettingsReadBack(t *testing.T) {
 	for i, want := range []Settings{
 		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, OwnerEvictTimers: 6, LbHostOnly: ModeOn},
 		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, OwnerEvictTimers: 131072, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, OwnerEvictTimers: 1, LbHostOnly: ModeOn},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
@@ -82,7 +82,7 @@ func TestResolve(t *testing.T) {
 	if got := (Settings{BacklogLimit: 5}).Resolve(fit).BacklogLimit; got != 5 {
 		t.Errorf("backlog limit 5 read as %d", got)
 	}
-	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity), UDPTables: uint64(DefaultOwnerUDPTables)}) {
+	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity), UDPTables: uint64(DefaultOwnerUDPTables), EvictTimers: uint64(DefaultOwnerEvictTimers)}) {
 		t.Errorf("quotas of a request with one given: %+v", q)
 	}
 	with := func(msgTotLen bool, names ...string) Features {
@@ -153,6 +153,8 @@ func TestSettingFlags(t *testing.T) {
 		{"owner-affinity", "262145", nil, "want at most 262144 entries"},
 		{"owner-udp-tables", "64", func(s Settings) bool { return s.OwnerUdpTables == 64 }, ""},
 		{"owner-udp-tables", "1048577", nil, "want at most 1048576 tables"},
+		{"owner-evict-timers", "8", func(s Settings) bool { return s.OwnerEvictTimers == 8 }, ""},
+		{"owner-evict-timers", "131073", nil, "want at most 131072 timers"},
 	} {
 		s := DefaultSettings()
 		var err error

@@ -67,6 +67,8 @@ struct sl_config {
 	__u32 owner_affinity;  /* ClientIP affinity entries (client namespace, frontend) */
 	__u32 owner_udp_tables; /* unconnected UDP sockets' exchange tables (sl_pol_replies: one each;
 				 * sl_pol_replies_more: two) */
+	__u32 owner_evict_timers; /* timers of sockets waiting to leave the map, charged to their
+				   * connection's owner: each checks up to 1,000 times a second */
 	/* SL_MODE_ON: the service load balancer translates at connect() only
 	 * for sockets of the host's network namespace (host_netns); pods'
 	 * connects to service addresses are left to the node's per-packet
@@ -97,6 +99,7 @@ struct sl_config {
 	.owner_lb_conns = SL_OWNER_LB_CONNS,                       \
 	.owner_affinity = SL_OWNER_AFFINITY,                       \
 	.owner_udp_tables = SL_OWNER_UDP_TABLES,                   \
+	.owner_evict_timers = SL_OWNER_EVICT_TIMERS,               \
 	.lb_host_only = SL_MODE_OFF,                               \
 	.listener_kptr = 1,                                        \
 }

@@ -118,7 +118,25 @@ static __always_inline __u32 conn_decide(struct sl_conn *c, __u32 gen, __u32 sta
 	return word_state(seen);
 }
 
-enum { SL_HOLD_CONNS, SL_HOLD_LISTENERS };
+enum { SL_HOLD_CONNS, SL_HOLD_LISTENERS, SL_HOLD_EVICT_TIMERS };
+
+/* The count of what an owner holds, its count of refusals and its quota. */
+static __always_inline __u64 *owner_held(struct sl_owner *o, int what, __u64 **refused, __u64 *quota)
+{
+	if (what == SL_HOLD_CONNS) {
+		*refused = &o->refused_conns;
+		*quota = sl_settings.owner_conns;
+		return &o->conns;
+	}
+	if (what == SL_HOLD_LISTENERS) {
+		*refused = &o->refused_listeners;
+		*quota = sl_settings.owner_listeners;
+		return &o->listeners;
+	}
+	*refused = &o->refused_evict_timers;
+	*quota = sl_settings.owner_evict_timers;
+	return &o->evict_timers;
+}
 
 /* Charges owner one entry of a table, within its quota. Returns 0 (and
  * counts the refusal) when it holds its quota, or when the owners table is
@@ -133,17 +151,12 @@ static __always_inline int owner_charge(__u64 owner, int what)
 		if (!o)
 			return 0;
 	}
-	if (what == SL_HOLD_CONNS) {
-		if (__sync_fetch_and_add(&o->conns, 1) < sl_settings.owner_conns)
-			return 1;
-		__sync_fetch_and_add(&o->conns, -1);
-		__sync_fetch_and_add(&o->refused_conns, 1);
-		return 0;
-	}
-	if (__sync_fetch_and_add(&o->listeners, 1) < sl_settings.owner_listeners)
+	__u64 *refused, quota;
+	__u64 *n = owner_held(o, what, &refused, &quota);
+	if (__sync_fetch_and_add(n, 1) < quota)
 		return 1;
-	__sync_fetch_and_add(&o->listeners, -1);
-	__sync_fetch_and_add(&o->refused_listeners, 1);
+	__sync_fetch_and_add(n, -1);
+	__sync_fetch_and_add(refused, 1);
 	return 0;
 }
 
@@ -153,7 +166,8 @@ static __always_inline void owner_release(__u64 owner, int what)
 	struct sl_owner *o = bpf_map_lookup_elem(&sl_owners, &owner);
 	if (!o)
 		return;
-	__u64 *n = what == SL_HOLD_CONNS ? &o->conns : &o->listeners;
+	__u64 *refused, quota;
+	__u64 *n = owner_held(o, what, &refused, &quota);
 	/* Never below zero: an entry the agent removed (its cgroup gone) and
 	 * made again must not wrap. */
 	for (int i = 0; i < 4; i++) {

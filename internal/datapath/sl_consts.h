@@ -48,6 +48,8 @@ enum sl_counter {
 				       * that can interrupt a read (--blocking-sockets per-process) */
 	SL_C_FALLBACK_SMALL_STREAM,   /* directions moved to TCP: a fast one-way stream of small sends,
 				       * which TCP coalesces (--small-streams tcp) */
+	SL_C_EVICT_TIMER_QUOTA,       /* sockets waiting to leave the map left to their transmits: their
+				       * connection's owner holds its quota of timers */
 	SL_C_MAX,
 };
 
@@ -57,7 +59,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 28,
+	SL_LAYOUT_VERSION = 29,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -234,11 +236,13 @@ enum sl_quota {
 	SL_OWNER_LB_CONNS = 16384,  /* translated connected sockets */
 	SL_OWNER_AFFINITY = 4096,   /* ClientIP affinity entries */
 	SL_OWNER_UDP_TABLES = 16384, /* UDP sockets' exchange tables (a socket's overflow table counts two) */
+	SL_OWNER_EVICT_TIMERS = 256, /* timers of sockets waiting to leave the map (sl_evict_timers) */
 	SL_QUOTA_MAX_CONNS = SL_MAX_CONNS,
 	SL_QUOTA_MAX_LISTENERS = SL_MAX_LISTENERS,
 	SL_QUOTA_MAX_LB_CONNS = SL_MAX_LB_CONNS,
 	SL_QUOTA_MAX_AFFINITY = SL_MAX_AFFINITY,
 	SL_QUOTA_MAX_UDP_TABLES = 1048576,
+	SL_QUOTA_MAX_EVICT_TIMERS = SL_MAX_SOCKS,
 };
 #define SL_MAX_OWNERS 16384
 

@@ -64,8 +64,8 @@ struct {
  * redirected bytes: a timer each, which takes them out of the map once
  * those are read, with no transmit of theirs needed (see on_transmit).
  * Room for every key of sl_sockhash, allocated as used: no pod can fill it
- * and leave another's sockets without a timer (a pod's share is bounded by
- * its connection slots, SL_OWNER_CONNS). */
+ * and leave another's sockets without a timer. A pod's share is bounded by
+ * owner_evict_timers, charged to its connections' owner (evict_later). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_MAX_SOCKS);

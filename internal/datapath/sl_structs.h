@@ -127,6 +127,8 @@ struct sl_owner {
 	__u64 listeners;
 	__u64 refused_conns;
 	__u64 refused_listeners;
+	__u64 evict_timers; /* sl_evict_timers entries of its connections' sockets */
+	__u64 refused_evict_timers;
 };
 
 /* The member sockets of a connection slot, for reading the receiver's queue.
@@ -194,6 +196,7 @@ struct sl_evict_timer {
 	__u32 gen;
 	__u32 tries;
 	__u64 until_ns;
+	__u64 owner; /* charged one timer (owner_evict_timers) */
 };
 
 /* Scratch space for one process's signal handlers (sl_kernel.h). */

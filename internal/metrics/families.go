@@ -106,6 +106,7 @@ var bypassCounters = map[string]counterRef{
 	"captured":                {famCaptured, ""},
 	"capture_lost":            {famCapDropped, "ring_full"},
 	"capture_rate_drops":      {famCapDropped, "rate_limit"},
+	"evict_timer_quota":       {famQuota, "evict_timers"},
 }
 
 // lbCounters does the same for enum sl_lb_counter.

@@ -115,3 +115,78 @@ func TestBacklogReceiverLeaves(t *testing.T) {
 	mustAtLeast(t, d, "pass_bytes", 1)
 	mustEqual(t, d, "evictions", 2)
 }
+
+// TestEvictTimerQuota is the attack on the timers of sockets waiting to
+// leave the map: each checks up to 1,000 times a second in the kernel,
+// charged to no process, so a pod must not have the node run thousands of
+// them for it. A client pod streams over the backlog limit to a sink that
+// reads only seconds later, on twelve connections: every receiving socket
+// moves to TCP holding unread redirected bytes and waits to leave. Its
+// owner (the client's cgroup, as its connection slots) gets four timers
+// (--owner-evict-timers 4); the rest are refused, counted and named by
+// status, and wait for their own transmits. Meanwhile another pod's
+// FIONREAD reader after a backlog move (TestBacklogReceiverLeaves) still
+// gets its timer and every byte; once the sink has read, the attacker's
+// streams complete and its timers are back.
+func TestEvictTimerQuota(t *testing.T) {
+	const quota, conns = 4, 12
+	b, in, srv, cli := serverClient(t, "--backlog-limit", "1048576", "--owner-evict-timers", fmt.Sprint(quota))
+	if !readStatus(t, in).Kernel.PsockMsgTotLen || fionreadBypassed(t, in) {
+		t.Log("this kernel neither counts queued bytes nor answers FIONREAD for redirected ones: no move to TCP to leave after")
+		return
+	}
+	vic := testutil.Pod(t, b, "victim")
+	in.Attach(vic)
+	if o := ownerOf(t, in, cli); o != nil {
+		t.Fatalf("the client pod is over a quota before the attack: %+v", o)
+	}
+	before := in.Counters()
+	const msg = 16 << 10
+	// The attacker's sink reads only after the victim's stream is done
+	// (under emulation it takes tens of seconds).
+	delay := "10s"
+	if testing.Short() {
+		delay = "60s"
+	}
+	start(t, srv, in.Bin, "peer", "sink", "0.0.0.0:7420", "--delay", delay)
+	waitPort(t, srv, "0.0.0.0:7420")
+	var streams []*proc
+	for i := 0; i < conns; i++ {
+		// 131 sends of 16 KiB: over twice the limit at the 129th, the
+		// rest through TCP, acknowledged by a receiver that then waits.
+		streams = append(streams, start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:7420", srv.IPv4),
+			"--size", fmt.Sprint(msg), "--count", "131"))
+	}
+	waitFor(t, func() bool {
+		o := ownerOf(t, in, cli)
+		return o != nil && o.RefusedEvictTimers >= conns-quota && testutil.Delta(before, in.Counters())["fallback_backlog"] == conns
+	})
+	if o := ownerOf(t, in, cli); o.EvictTimers != quota {
+		t.Errorf("the client pod holds %d timers, want its quota %d: %+v", o.EvictTimers, quota, *o)
+	}
+	mustAtLeast(t, testutil.Delta(before, in.Counters()), "evict_timer_quota", conns-quota)
+
+	// The victim: a FIONREAD reader that needs its timer to leave.
+	sink := start(t, srv, in.Bin, "peer", "sink", "0.0.0.0:7421", "--delay", "300ms", "--fionread")
+	waitPort(t, srv, "0.0.0.0:7421")
+	vs := start(t, vic, in.Bin, "peer", "stream", fmt.Sprintf("%s:7421", srv.IPv4), "--size", fmt.Sprint(msg), "--count", "131")
+	if err := vs.wait(t, time.Minute); err != nil {
+		t.Fatalf("the victim's stream: %v: %s; sink: %s", err, vs.err.String(), sink.err.String())
+	}
+	if o := ownerOf(t, in, vic); o != nil {
+		t.Errorf("the victim pod was refused: %+v", *o)
+	}
+	if o := ownerOf(t, in, cli); o.EvictTimers != quota {
+		t.Errorf("the client pod holds %d timers during the victim's stream, want %d", o.EvictTimers, quota)
+	}
+
+	for i, st := range streams {
+		if err := st.wait(t, 2*time.Minute); err != nil {
+			t.Fatalf("attacker stream %d: %v: %s", i, err, st.err.String())
+		}
+	}
+	waitFor(t, func() bool { o := ownerOf(t, in, cli); return o != nil && o.EvictTimers == 0 })
+	d := testutil.Delta(before, in.Counters())
+	mustEqual(t, d, "fallback_backlog", conns+1)
+	mustEqual(t, d, "evictions", 2*(conns+1))
+}
