@@ -100,6 +100,19 @@ func newPeerCmd() *cobra.Command {
 	})
 	sink.Flags().DurationVar(&sinkOpts.Delay, "delay", 0, "start reading each connection this long after accepting it")
 	sink.Flags().BoolVar(&sinkOpts.ByFIONREAD, "fionread", false, "read as many bytes as FIONREAD says, as nginx and Java's available() do (no answer if FIONREAD says 0 for 2 s with bytes queued)")
+	var proxyTo string
+	proxy := &cobra.Command{
+		Use:   "proxy ADDR",
+		Short: "Relay each connection to --to with io.Copy both ways (splice(2), as Go's TCP proxies do)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if proxyTo == "" {
+				return fmt.Errorf("peer proxy needs --to HOST:PORT")
+			}
+			return peer.Proxy(cmd.Context(), args[0], proxyTo, func(addr string) { fmt.Fprintln(os.Stderr, "listening", addr) })
+		},
+	}
+	proxy.Flags().StringVar(&proxyTo, "to", "", "where to relay each connection (HOST:PORT)")
 	var size, count, warmup int
 	var duration time.Duration
 	clientCmd := func(use string, run func(ctx context.Context, addr string) (any, error)) *cobra.Command {
@@ -301,7 +314,7 @@ func newPeerCmd() *cobra.Command {
 	reach.Flags().DurationVar(&reachTimeout, "timeout", 2*time.Second, "give each probe this long")
 	reach.Flags().StringVar(&reachBind, "bind", "", "send from this local address")
 	cmd.AddCommand(newUDPFloodCmd())
-	cmd.AddCommand(reach, server, client, echo, sink, pingpong, stream, connects, httpServer, httpGets, whoami, bindshow, bindloop, probe, hold, request, pause,
+	cmd.AddCommand(reach, server, client, echo, sink, proxy, pingpong, stream, connects, httpServer, httpGets, whoami, bindshow, bindloop, probe, hold, request, pause,
 		newPlantCmd(), newVictimCmd(), newFastOpenCmd(), newOpenCmd(), newListenCmd(), fanout)
 	return cmd
 }

@@ -90,6 +90,7 @@ func newRootCmd() *cobra.Command {
 		newTopCmd(g),
 		newPodsCmd(g),
 		newSvcCmd(g),
+		newBypassCmd(g),
 		newPolicyCmd(g),
 		newPortsCmd(g),
 		newSyncCmd(g),

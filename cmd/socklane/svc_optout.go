@@ -3,19 +3,42 @@ package main
 import (
 	"fmt"
 
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/node"
 	"github.com/spf13/cobra"
 )
 
+// optOutSpec is one opt-out of network namespaces: what it leaves out,
+// and how the datapath lists and sets it.
+type optOutSpec struct {
+	short, long string
+	list        func(dp *datapath.Datapath) ([]uint64, error)
+	set         func(dp *datapath.Datapath, nsPath string, out bool) (uint64, error)
+	outVerb     string // said of a namespace opted out
+	inVerb      string // said of one opted back in
+}
+
 // newSvcOptOutCmd opts network namespaces out of connect-time balancing.
 func newSvcOptOutCmd(g *globals) *cobra.Command {
+	return newOptOutCmd(g, optOutSpec{
+		short: "Leave the service connects of network namespaces (/proc/PID/ns/net, /run/netns/NAME) to the node's per-packet proxy, as a service mesh needs; without arguments, list them",
+		long: "Sockets of an opted-out network namespace connect to service addresses untranslated: kube-proxy\n" +
+			"(or the node's other datapath) translates their packets, and a sidecar proxy sees the cluster IP.\n" +
+			"The agent opts out the pods it attaches that carry the label " + node.OptOutLabel + "=off.",
+		list:    (*datapath.Datapath).ServiceOptOuts,
+		set:     node.ServiceOptOut,
+		outVerb: "opted out",
+		inVerb:  "balanced at connect() again",
+	})
+}
+
+// newOptOutCmd is an `optout [NETNS...]` command for spec.
+func newOptOutCmd(g *globals, spec optOutSpec) *cobra.Command {
 	var undo bool
 	cmd := &cobra.Command{
 		Use:   "optout [NETNS...]",
-		Short: "Leave the service connects of network namespaces (/proc/PID/ns/net, /run/netns/NAME) to the node's per-packet proxy, as a service mesh needs; without arguments, list them",
-		Long: "Sockets of an opted-out network namespace connect to service addresses untranslated: kube-proxy\n" +
-			"(or the node's other datapath) translates their packets, and a sidecar proxy sees the cluster IP.\n" +
-			"The agent opts out the pods it attaches that carry the label " + node.OptOutLabel + "=off.",
+		Short: spec.short,
+		Long:  spec.long,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dp, err := g.openPinned()
 			if err != nil {
@@ -23,7 +46,7 @@ func newSvcOptOutCmd(g *globals) *cobra.Command {
 			}
 			defer dp.Close()
 			if len(args) == 0 {
-				out, err := dp.ServiceOptOuts()
+				out, err := spec.list(dp)
 				if err != nil {
 					return err
 				}
@@ -36,13 +59,13 @@ func newSvcOptOutCmd(g *globals) *cobra.Command {
 				return nil
 			}
 			for _, ns := range args {
-				c, err := node.ServiceOptOut(dp, ns, !undo)
+				c, err := spec.set(dp, ns, !undo)
 				if err != nil {
 					return err
 				}
-				verb := "opted out"
+				verb := spec.outVerb
 				if undo {
-					verb = "balanced at connect() again"
+					verb = spec.inVerb
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s (netns cookie %d): %s\n", ns, c, verb)
 			}

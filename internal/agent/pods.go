@@ -38,9 +38,9 @@ type podWatch struct {
 	// policy source's local pods), read by another goroutine.
 	mu      sync.Mutex
 	cgroups map[string]string
-	// optout are the attached pods labelled out of connect-time service
-	// balancing: their network namespace cookies by pod UID.
-	optout map[string]uint64
+	// optouts are the labels that opt attached pods out of part of the
+	// datapath, each with the pods it opted out.
+	optouts []*optOut
 }
 
 // Cgroups returns the attached pods' cgroup directories by pod UID.
@@ -136,38 +136,64 @@ func (w *podWatch) selected(pods []cri.Pod) []cri.Pod {
 	return out
 }
 
-// syncOptOut opts the selected pods labelled OptOutLabel=off out of
-// connect-time service balancing (by their sandbox's network namespace),
-// and forgets the namespaces of pods gone.
-func (w *podWatch) syncOptOut(pods []cri.Pod) {
-	if w.optout == nil {
-		w.optout = map[string]uint64{}
+// optOut is a pod label that, with the value "off", opts the pod's
+// network namespace out of part of the datapath.
+type optOut struct {
+	label string
+	what  string // what the pod is opted out of, for the log
+	set   func(dp *datapath.Datapath, nsPath string, out bool) (uint64, error)
+	unset func(dp *datapath.Datapath, cookie uint64) error
+	pods  map[string]uint64 // pod UID -> network namespace cookie
+}
+
+func newOptOuts() []*optOut {
+	return []*optOut{
+		{label: node.OptOutLabel, what: "connect-time service balancing", set: node.ServiceOptOut,
+			unset: func(dp *datapath.Datapath, c uint64) error { return dp.SetServiceOptOut(c, false) }, pods: map[string]uint64{}},
+		{label: node.BypassOptOutLabel, what: "the bypass", set: node.BypassOptOut,
+			unset: func(dp *datapath.Datapath, c uint64) error { return dp.SetBypassOptOut(c, false) }, pods: map[string]uint64{}},
 	}
+}
+
+// syncOptOut opts the selected pods labelled OptOutLabel=off out of
+// connect-time service balancing and those labelled BypassOptOutLabel=off
+// out of the bypass (by their sandbox's network namespace), and forgets
+// the namespaces of pods gone or relabelled.
+func (w *podWatch) syncOptOut(pods []cri.Pod) {
+	if w.optouts == nil {
+		w.optouts = newOptOuts()
+	}
+	for _, o := range w.optouts {
+		w.syncLabel(o, pods)
+	}
+}
+
+func (w *podWatch) syncLabel(o *optOut, pods []cri.Pod) {
 	seen := map[string]bool{}
 	for _, p := range pods {
-		if p.Labels[node.OptOutLabel] != "off" || p.PID <= 0 {
+		if p.Labels[o.label] != "off" || p.PID <= 0 {
 			continue
 		}
 		seen[p.UID] = true
-		if _, done := w.optout[p.UID]; done {
+		if _, done := o.pods[p.UID]; done {
 			continue
 		}
-		c, err := node.ServiceOptOut(w.dp, fmt.Sprintf("/proc/%d/ns/net", p.PID), true)
+		c, err := o.set(w.dp, fmt.Sprintf("/proc/%d/ns/net", p.PID), true)
 		if err != nil {
-			w.log.Error("opting a pod out of service balancing", "pod", p.Key(), "err", err)
+			w.log.Error("opting a pod out of "+o.what, "pod", p.Key(), "err", err)
 			continue
 		}
-		w.optout[p.UID] = c
-		w.log.Info("pod opted out of connect-time service balancing", "pod", p.Key(), "label", node.OptOutLabel+"=off", "netns_cookie", c)
+		o.pods[p.UID] = c
+		w.log.Info("pod opted out of "+o.what, "pod", p.Key(), "label", o.label+"=off", "netns_cookie", c)
 	}
-	for uid, c := range w.optout {
+	for uid, c := range o.pods {
 		if seen[uid] {
 			continue
 		}
-		if err := w.dp.SetServiceOptOut(c, false); err != nil {
-			w.log.Error("forgetting a gone pod's service opt-out", "netns_cookie", c, "err", err)
+		if err := o.unset(w.dp, c); err != nil {
+			w.log.Error("forgetting a gone pod's opt-out of "+o.what, "netns_cookie", c, "err", err)
 			continue
 		}
-		delete(w.optout, uid)
+		delete(o.pods, uid)
 	}
 }

@@ -262,6 +262,12 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	}
 	__u64 netns = bpf_get_netns_cookie(skops);
+	/* An opted-out client never takes a slot: its server finds none and
+	 * stays out too. */
+	if (bpf_map_lookup_elem(&sl_bypass_optout, &netns)) {
+		count(SL_C_FALLBACK_OPTED_OUT, 1);
+		return;
+	}
 	__u32 skip = sl_settings.bypass_brief != SL_MODE_ON ? brief_skip(&t, netns) : 0;
 	if (skip) {
 		count(skip, 1);
@@ -401,6 +407,15 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	 * socket at its first transmit of data after accept(): a server that
 	 * listens blocking and makes what it accepts non-blocking (postgres'
 	 * backends) is bypassed from its next connection on. */
+	if (bpf_map_lookup_elem(&sl_bypass_optout, &c->server_netns)) {
+		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP) {
+			c->reason[0] = c->reason[1] = SL_C_FALLBACK_OPTED_OUT;
+			count(SL_C_CONNS_TCP, 1);
+			count(SL_C_FALLBACK_OPTED_OUT, 1);
+			conn_event(c, SL_EV_TCP, SL_C_FALLBACK_OPTED_OUT, SL_DIR_BOTH, SL_ROLE_SERVER);
+		}
+		return;
+	}
 	__u8 lsig = SL_SIG_UNKNOWN;
 	int lb = sl_settings.bypass_blocking != SL_MODE_ON ? listener_blocks(c, &lsig) : 0;
 	c->signals[SL_ROLE_SERVER] = lsig;

@@ -137,12 +137,13 @@ const (
 	bypassSlCounterSL_C_BLOCKING_QUIET          bypassSlCounter = 31
 	bypassSlCounterSL_C_FALLBACK_SMALL_STREAM   bypassSlCounter = 32
 	bypassSlCounterSL_C_EVICT_TIMER_QUOTA       bypassSlCounter = 33
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 34
+	bypassSlCounterSL_C_FALLBACK_OPTED_OUT      bypassSlCounter = 34
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 35
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [34]uint64
+	C [35]uint64
 }
 
 type bypassSlDefaults uint32
@@ -235,7 +236,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 29
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 30
 )
 
 type bypassSlListener struct {
@@ -389,6 +390,7 @@ const (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	bypassMapSlBrief         = "sl_brief"
+	bypassMapSlBypassOptout  = "sl_bypass_optout"
 	bypassMapSlCapSettings   = "sl_cap_settings"
 	bypassMapSlCapTokens     = "sl_cap_tokens"
 	bypassMapSlCapture       = "sl_capture"
@@ -470,26 +472,27 @@ type bypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
-	SlBrief       *ebpf.MapSpec `ebpf:"sl_brief"`
-	SlCapSettings *ebpf.MapSpec `ebpf:"sl_cap_settings"`
-	SlCapTokens   *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
-	SlCapture     *ebpf.MapSpec `ebpf:"sl_capture"`
-	SlConnFree    *ebpf.MapSpec `ebpf:"sl_conn_free"`
-	SlConnIndex   *ebpf.MapSpec `ebpf:"sl_conn_index"`
-	SlConnNext    *ebpf.MapSpec `ebpf:"sl_conn_next"`
-	SlConnSocks   *ebpf.MapSpec `ebpf:"sl_conn_socks"`
-	SlConns       *ebpf.MapSpec `ebpf:"sl_conns"`
-	SlEvSettings  *ebpf.MapSpec `ebpf:"sl_ev_settings"`
-	SlEvents      *ebpf.MapSpec `ebpf:"sl_events"`
-	SlEvictTimers *ebpf.MapSpec `ebpf:"sl_evict_timers"`
-	SlKernel      *ebpf.MapSpec `ebpf:"sl_kernel"`
-	SlLayout      *ebpf.MapSpec `ebpf:"sl_layout"`
-	SlListeners   *ebpf.MapSpec `ebpf:"sl_listeners"`
-	SlOwners      *ebpf.MapSpec `ebpf:"sl_owners"`
-	SlSigScratch  *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
-	SlSkState     *ebpf.MapSpec `ebpf:"sl_sk_state"`
-	SlSockhash    *ebpf.MapSpec `ebpf:"sl_sockhash"`
-	SlStats       *ebpf.MapSpec `ebpf:"sl_stats"`
+	SlBrief        *ebpf.MapSpec `ebpf:"sl_brief"`
+	SlBypassOptout *ebpf.MapSpec `ebpf:"sl_bypass_optout"`
+	SlCapSettings  *ebpf.MapSpec `ebpf:"sl_cap_settings"`
+	SlCapTokens    *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
+	SlCapture      *ebpf.MapSpec `ebpf:"sl_capture"`
+	SlConnFree     *ebpf.MapSpec `ebpf:"sl_conn_free"`
+	SlConnIndex    *ebpf.MapSpec `ebpf:"sl_conn_index"`
+	SlConnNext     *ebpf.MapSpec `ebpf:"sl_conn_next"`
+	SlConnSocks    *ebpf.MapSpec `ebpf:"sl_conn_socks"`
+	SlConns        *ebpf.MapSpec `ebpf:"sl_conns"`
+	SlEvSettings   *ebpf.MapSpec `ebpf:"sl_ev_settings"`
+	SlEvents       *ebpf.MapSpec `ebpf:"sl_events"`
+	SlEvictTimers  *ebpf.MapSpec `ebpf:"sl_evict_timers"`
+	SlKernel       *ebpf.MapSpec `ebpf:"sl_kernel"`
+	SlLayout       *ebpf.MapSpec `ebpf:"sl_layout"`
+	SlListeners    *ebpf.MapSpec `ebpf:"sl_listeners"`
+	SlOwners       *ebpf.MapSpec `ebpf:"sl_owners"`
+	SlSigScratch   *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
+	SlSkState      *ebpf.MapSpec `ebpf:"sl_sk_state"`
+	SlSockhash     *ebpf.MapSpec `ebpf:"sl_sockhash"`
+	SlStats        *ebpf.MapSpec `ebpf:"sl_stats"`
 }
 
 // bypassVariableSpecs contains global variables before they are loaded into the kernel.
@@ -520,31 +523,33 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
-	SlBrief       *ebpf.Map `ebpf:"sl_brief"`
-	SlCapSettings *ebpf.Map `ebpf:"sl_cap_settings"`
-	SlCapTokens   *ebpf.Map `ebpf:"sl_cap_tokens"`
-	SlCapture     *ebpf.Map `ebpf:"sl_capture"`
-	SlConnFree    *ebpf.Map `ebpf:"sl_conn_free"`
-	SlConnIndex   *ebpf.Map `ebpf:"sl_conn_index"`
-	SlConnNext    *ebpf.Map `ebpf:"sl_conn_next"`
-	SlConnSocks   *ebpf.Map `ebpf:"sl_conn_socks"`
-	SlConns       *ebpf.Map `ebpf:"sl_conns"`
-	SlEvSettings  *ebpf.Map `ebpf:"sl_ev_settings"`
-	SlEvents      *ebpf.Map `ebpf:"sl_events"`
-	SlEvictTimers *ebpf.Map `ebpf:"sl_evict_timers"`
-	SlKernel      *ebpf.Map `ebpf:"sl_kernel"`
-	SlLayout      *ebpf.Map `ebpf:"sl_layout"`
-	SlListeners   *ebpf.Map `ebpf:"sl_listeners"`
-	SlOwners      *ebpf.Map `ebpf:"sl_owners"`
-	SlSigScratch  *ebpf.Map `ebpf:"sl_sig_scratch"`
-	SlSkState     *ebpf.Map `ebpf:"sl_sk_state"`
-	SlSockhash    *ebpf.Map `ebpf:"sl_sockhash"`
-	SlStats       *ebpf.Map `ebpf:"sl_stats"`
+	SlBrief        *ebpf.Map `ebpf:"sl_brief"`
+	SlBypassOptout *ebpf.Map `ebpf:"sl_bypass_optout"`
+	SlCapSettings  *ebpf.Map `ebpf:"sl_cap_settings"`
+	SlCapTokens    *ebpf.Map `ebpf:"sl_cap_tokens"`
+	SlCapture      *ebpf.Map `ebpf:"sl_capture"`
+	SlConnFree     *ebpf.Map `ebpf:"sl_conn_free"`
+	SlConnIndex    *ebpf.Map `ebpf:"sl_conn_index"`
+	SlConnNext     *ebpf.Map `ebpf:"sl_conn_next"`
+	SlConnSocks    *ebpf.Map `ebpf:"sl_conn_socks"`
+	SlConns        *ebpf.Map `ebpf:"sl_conns"`
+	SlEvSettings   *ebpf.Map `ebpf:"sl_ev_settings"`
+	SlEvents       *ebpf.Map `ebpf:"sl_events"`
+	SlEvictTimers  *ebpf.Map `ebpf:"sl_evict_timers"`
+	SlKernel       *ebpf.Map `ebpf:"sl_kernel"`
+	SlLayout       *ebpf.Map `ebpf:"sl_layout"`
+	SlListeners    *ebpf.Map `ebpf:"sl_listeners"`
+	SlOwners       *ebpf.Map `ebpf:"sl_owners"`
+	SlSigScratch   *ebpf.Map `ebpf:"sl_sig_scratch"`
+	SlSkState      *ebpf.Map `ebpf:"sl_sk_state"`
+	SlSockhash     *ebpf.Map `ebpf:"sl_sockhash"`
+	SlStats        *ebpf.Map `ebpf:"sl_stats"`
 }
 
 func (m *bypassMaps) Close() error {
 	return _BypassClose(
 		m.SlBrief,
+		m.SlBypassOptout,
 		m.SlCapSettings,
 		m.SlCapTokens,
 		m.SlCapture,

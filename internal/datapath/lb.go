@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -121,28 +120,10 @@ func (d *Datapath) ServiceBudget() service.Budget {
 // cookie is netns to the node's per-packet proxy (out), or balances them
 // at connect() again.
 func (d *Datapath) SetServiceOptOut(netns uint64, out bool) error {
-	var err error
-	if out {
-		err = d.lb.SlLbOptout.Update(netns, uint32(1), ebpf.UpdateAny)
-	} else if err = d.lb.SlLbOptout.Delete(netns); errors.Is(err, ebpf.ErrKeyNotExist) {
-		err = nil
-	}
-	if err != nil {
-		return fmt.Errorf("setting the service opt-out of network namespace %d: %w", netns, err)
-	}
-	return nil
+	return setOptOut(d.lb.SlLbOptout, "service", netns, out)
 }
 
 // ServiceOptOuts lists the network namespaces opted out, by cookie.
 func (d *Datapath) ServiceOptOuts() ([]uint64, error) {
-	all, err := readAll[uint64, uint32](d.lb.SlLbOptout)
-	if err != nil {
-		return nil, fmt.Errorf("reading sl_lb_optout: %w", err)
-	}
-	out := make([]uint64, 0, len(all))
-	for k := range all {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out, nil
+	return optOuts(d.lb.SlLbOptout, "sl_lb_optout")
 }

@@ -50,6 +50,8 @@ enum sl_counter {
 				       * which TCP coalesces (--small-streams tcp) */
 	SL_C_EVICT_TIMER_QUOTA,       /* sockets waiting to leave the map left to their transmits: their
 				       * connection's owner holds its quota of timers */
+	SL_C_FALLBACK_OPTED_OUT,      /* connections left on TCP: an end's network namespace is opted out
+				       * of the bypass (sl_bypass_optout) */
 	SL_C_MAX,
 };
 
@@ -59,7 +61,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 29,
+	SL_LAYOUT_VERSION = 30,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

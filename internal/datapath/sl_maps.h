@@ -74,6 +74,19 @@ struct {
 	__type(value, struct sl_evict_timer);
 } sl_evict_timers SEC(".maps");
 
+/* Network namespaces (cookies) whose TCP stays out of the bypass: pods
+ * opted out (`socklane bypass optout`, or the agent for pods labelled
+ * socklane.io/bypass=off), whose programs read in ways a bypassed socket
+ * cannot serve (splice(2): Go's io.Copy between two TCP connections).
+ * Their connections, as client or server, stay on TCP. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_OWNERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, __u32);
+} sl_bypass_optout SEC(".maps");
+
 /* Connection slots never used yet are taken in order from this counter
  * (nothing is filled at load); slots freed since wait in sl_conn_free and
  * are taken only once the counter has passed SL_MAX_CONNS: a freed slot

@@ -107,6 +107,7 @@ var bypassCounters = map[string]counterRef{
 	"capture_lost":            {famCapDropped, "ring_full"},
 	"capture_rate_drops":      {famCapDropped, "rate_limit"},
 	"evict_timer_quota":       {famQuota, "evict_timers"},
+	"fallback_opted_out":      {famFallbacks, "opted_out"},
 }
 
 // lbCounters does the same for enum sl_lb_counter.

@@ -33,3 +33,19 @@ func ServiceOptOut(dp *datapath.Datapath, nsPath string, out bool) (uint64, erro
 	}
 	return cookie, dp.SetServiceOptOut(cookie, out)
 }
+
+// BypassOptOutLabel on a pod (runtime labels) with the value "off" keeps
+// its TCP connections out of the bypass, as client and as server: for
+// programs that read in ways a bypassed socket cannot serve (splice(2):
+// Go's io.Copy between two TCP connections, proxies).
+const BypassOptOutLabel = "socklane.io/bypass"
+
+// BypassOptOut opts the network namespace at nsPath out of the bypass
+// (out), or back in; it returns the namespace's cookie.
+func BypassOptOut(dp *datapath.Datapath, nsPath string, out bool) (uint64, error) {
+	cookie, err := NetnsCookie(nsPath)
+	if err != nil {
+		return 0, err
+	}
+	return cookie, dp.SetBypassOptOut(cookie, out)
+}

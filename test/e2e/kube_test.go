@@ -437,6 +437,9 @@ func TestKubeCRI(t *testing.T) {
 	rt.RunPodUID("default", "elsewhere", apiPod("elsewhere", "web", "node-2"), map[string]string{"app": "web"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
 	// A meshed pod: labelled out of connect-time balancing.
 	rt.RunPodUID("default", "meshed", apiPod("meshed", "web", "node-1"), map[string]string{"app": "web", node.OptOutLabel: "off"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
+	// A pod whose program the bypass cannot serve (a splicing proxy):
+	// labelled out of the bypass.
+	rt.RunPodUID("default", "spliced", apiPod("spliced", "web", "node-1"), map[string]string{"app": "web", node.BypassOptOutLabel: "off"}, testutil.ContainerSpec{Name: "shell", Args: []string{"peer", "pause"}})
 	pods := criPods(t, rt)
 	server, client := pods["default/server"], pods["default/client"]
 	var logs lockedBuffer
@@ -499,6 +502,20 @@ func TestKubeCRI(t *testing.T) {
 	d := testutil.Delta(lbBefore, lbCountersOf(t, in))
 	mustAtLeast(t, d, "out_of_scope", 1)
 	mustEqual(t, d, "selected", 0)
+
+	// The spliced pod's connections stay on TCP; its services are balanced.
+	waitForLog(t, &logs, func() bool { return strings.Contains(logs.String(), "pod opted out of the bypass") })
+	if err := json.Unmarshal([]byte(in.MustRun("bypass", "optout", "-o", "json")), &optouts); err != nil || len(optouts.Netns) != 1 {
+		t.Errorf("bypass optout: %+v %v, want the spliced pod's namespace", optouts, err)
+	}
+	before, lbBefore = in.Counters(), lbCountersOf(t, in)
+	if out, err := rt.Exec(pods["default/spliced"].Containers[0].ID, 30*time.Second, "/socklane", "peer", "pingpong", "198.19.0.20:80", "--count", "200", "--warmup", "0"); err != nil {
+		t.Fatalf("pingpong to the ClusterIP from the pod kept out of the bypass: %v: %s", err, out)
+	}
+	d = testutil.Delta(before, in.Counters())
+	mustEqual(t, d, "fallback_opted_out", 1)
+	mustEqual(t, d, "conns_bypassed", 0)
+	mustAtLeast(t, testutil.Delta(lbBefore, lbCountersOf(t, in)), "selected", 1)
 
 	if err := api.Client.CoreV1().Pods("default").Delete(ctx, "client", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
