@@ -1,7 +1,6 @@
 package main
 
 import (
-	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/node"
 	"github.com/spf13/cobra"
 )
@@ -19,8 +18,7 @@ func newBypassCmd(g *globals) *cobra.Command {
 			"cannot serve, such as splice(2) (Go's io.Copy between two TCP connections, proxies), which sees\n" +
 			"none of the redirected bytes. Services, policy and events are unchanged.\n" +
 			"The agent opts out the pods it attaches that carry the label " + node.BypassOptOutLabel + "=off.",
-		list:    (*datapath.Datapath).BypassOptOuts,
-		set:     node.BypassOptOut,
+		kind:    node.BypassOptOut(),
 		outVerb: "kept out of the bypass",
 		inVerb:  "bypassed again",
 	}))

@@ -3,17 +3,14 @@ package main
 import (
 	"fmt"
 
-	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/node"
 	"github.com/spf13/cobra"
 )
 
-// optOutSpec is one opt-out of network namespaces: what it leaves out,
-// and how the datapath lists and sets it.
+// optOutSpec is the command of one opt-out of network namespaces.
 type optOutSpec struct {
+	kind        node.OptOut
 	short, long string
-	list        func(dp *datapath.Datapath) ([]uint64, error)
-	set         func(dp *datapath.Datapath, nsPath string, out bool) (uint64, error)
 	outVerb     string // said of a namespace opted out
 	inVerb      string // said of one opted back in
 }
@@ -25,8 +22,7 @@ func newSvcOptOutCmd(g *globals) *cobra.Command {
 		long: "Sockets of an opted-out network namespace connect to service addresses untranslated: kube-proxy\n" +
 			"(or the node's other datapath) translates their packets, and a sidecar proxy sees the cluster IP.\n" +
 			"The agent opts out the pods it attaches that carry the label " + node.OptOutLabel + "=off.",
-		list:    (*datapath.Datapath).ServiceOptOuts,
-		set:     node.ServiceOptOut,
+		kind:    node.ServiceOptOut(),
 		outVerb: "opted out",
 		inVerb:  "balanced at connect() again",
 	})
@@ -46,7 +42,7 @@ func newOptOutCmd(g *globals, spec optOutSpec) *cobra.Command {
 			}
 			defer dp.Close()
 			if len(args) == 0 {
-				out, err := spec.list(dp)
+				out, err := spec.kind.List(dp)
 				if err != nil {
 					return err
 				}
@@ -59,7 +55,7 @@ func newOptOutCmd(g *globals, spec optOutSpec) *cobra.Command {
 				return nil
 			}
 			for _, ns := range args {
-				c, err := spec.set(dp, ns, !undo)
+				c, err := spec.kind.Apply(dp, ns, !undo)
 				if err != nil {
 					return err
 				}

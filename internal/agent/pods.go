@@ -136,23 +136,19 @@ func (w *podWatch) selected(pods []cri.Pod) []cri.Pod {
 	return out
 }
 
-// optOut is a pod label that, with the value "off", opts the pod's
-// network namespace out of part of the datapath.
+// optOut is an opt-out whose label the agent applies, with the pods it
+// opted out.
 type optOut struct {
-	label string
-	what  string // what the pod is opted out of, for the log
-	set   func(dp *datapath.Datapath, nsPath string, out bool) (uint64, error)
-	unset func(dp *datapath.Datapath, cookie uint64) error
-	pods  map[string]uint64 // pod UID -> network namespace cookie
+	node.OptOut
+	pods map[string]uint64 // pod UID -> network namespace cookie
 }
 
 func newOptOuts() []*optOut {
-	return []*optOut{
-		{label: node.OptOutLabel, what: "connect-time service balancing", set: node.ServiceOptOut,
-			unset: func(dp *datapath.Datapath, c uint64) error { return dp.SetServiceOptOut(c, false) }, pods: map[string]uint64{}},
-		{label: node.BypassOptOutLabel, what: "the bypass", set: node.BypassOptOut,
-			unset: func(dp *datapath.Datapath, c uint64) error { return dp.SetBypassOptOut(c, false) }, pods: map[string]uint64{}},
+	var out []*optOut
+	for _, o := range node.OptOuts() {
+		out = append(out, &optOut{OptOut: o, pods: map[string]uint64{}})
 	}
+	return out
 }
 
 // syncOptOut opts the selected pods labelled OptOutLabel=off out of
@@ -171,27 +167,27 @@ func (w *podWatch) syncOptOut(pods []cri.Pod) {
 func (w *podWatch) syncLabel(o *optOut, pods []cri.Pod) {
 	seen := map[string]bool{}
 	for _, p := range pods {
-		if p.Labels[o.label] != "off" || p.PID <= 0 {
+		if p.Labels[o.Label] != "off" || p.PID <= 0 {
 			continue
 		}
 		seen[p.UID] = true
 		if _, done := o.pods[p.UID]; done {
 			continue
 		}
-		c, err := o.set(w.dp, fmt.Sprintf("/proc/%d/ns/net", p.PID), true)
+		c, err := o.Apply(w.dp, fmt.Sprintf("/proc/%d/ns/net", p.PID), true)
 		if err != nil {
-			w.log.Error("opting a pod out of "+o.what, "pod", p.Key(), "err", err)
+			w.log.Error("opting a pod out of "+o.What, "pod", p.Key(), "err", err)
 			continue
 		}
 		o.pods[p.UID] = c
-		w.log.Info("pod opted out of "+o.what, "pod", p.Key(), "label", o.label+"=off", "netns_cookie", c)
+		w.log.Info("pod opted out of "+o.What, "pod", p.Key(), "label", o.Label+"=off", "netns_cookie", c)
 	}
 	for uid, c := range o.pods {
 		if seen[uid] {
 			continue
 		}
-		if err := o.unset(w.dp, c); err != nil {
-			w.log.Error("forgetting a gone pod's opt-out of "+o.what, "netns_cookie", c, "err", err)
+		if err := o.Set(w.dp, c, false); err != nil {
+			w.log.Error("forgetting a gone pod's opt-out of "+o.What, "netns_cookie", c, "err", err)
 			continue
 		}
 		delete(o.pods, uid)

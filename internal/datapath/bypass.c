@@ -399,14 +399,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	c->cookie[SL_ROLE_SERVER] = bpf_get_socket_cookie(skops);
 	set_member_sock(sk, slot, SL_ROLE_SERVER);
 
-	/* A client that reads in blocking mode keeps the connection on TCP;
-	 * its file is known here (connect() has not returned yet). So does a
-	 * server whose listener hands out blocking sockets: deciding before it
-	 * joins means its first read never runs in the sockmap's receive path.
-	 * A listener not known keeps it on TCP too. Either is learned from this
-	 * socket at its first transmit of data after accept(): a server that
-	 * listens blocking and makes what it accepts non-blocking (postgres'
-	 * backends) is bypassed from its next connection on. */
+	/* A server whose network namespace is opted out keeps it on TCP. */
 	if (bpf_map_lookup_elem(&sl_bypass_optout, &c->server_netns)) {
 		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP) {
 			c->reason[0] = c->reason[1] = SL_C_FALLBACK_OPTED_OUT;
@@ -416,6 +409,15 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 		}
 		return;
 	}
+
+	/* A client that reads in blocking mode keeps the connection on TCP;
+	 * its file is known here (connect() has not returned yet). So does a
+	 * server whose listener hands out blocking sockets: deciding before it
+	 * joins means its first read never runs in the sockmap's receive path.
+	 * A listener not known keeps it on TCP too. Either is learned from this
+	 * socket at its first transmit of data after accept(): a server that
+	 * listens blocking and makes what it accepts non-blocking (postgres'
+	 * backends) is bypassed from its next connection on. */
 	__u8 lsig = SL_SIG_UNKNOWN;
 	int lb = sl_settings.bypass_blocking != SL_MODE_ON ? listener_blocks(c, &lsig) : 0;
 	c->signals[SL_ROLE_SERVER] = lsig;
@@ -584,7 +586,8 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 			 * here before sl_release: what it used of an open
 			 * window is counted now, while the psock is still
 			 * attached (the map lets go of it after this callback). */
-			credit_window(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
+			if (st->win_left)
+				credit_window(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
 			if (sl_settings.bypass_brief != SL_MODE_ON && st->role == SL_ROLE_CLIENT)
 				brief_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
