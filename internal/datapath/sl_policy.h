@@ -427,4 +427,69 @@ static __always_inline int pol_connect(void *ctx, struct bpf_sock *sk, const str
 	return 0;
 }
 
+#define SL_ETH_P_IP 0x0800
+#define SL_ETH_P_IPV6 0x86DD
+#define SL_TCP_SYN 0x02
+#define SL_TCP_ACK 0x10
+
+/* Reads the addresses, protocol and offset of the transport header of a
+ * packet (network header at offset 0). Returns -1 for what is neither
+ * IPv4 nor IPv6, or cannot be read. */
+static __always_inline int pol_parse(struct __sk_buff *skb, __u32 src[4], __u32 dst[4], __u8 *proto, __u32 *l4)
+{
+	if (skb->protocol == bpf_htons(SL_ETH_P_IP)) {
+		__u8 h[20];
+		if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)))
+			return -1;
+		*proto = h[9];
+		*l4 = (h[0] & 0xf) * 4;
+		src[0] = dst[0] = 0;
+		src[1] = dst[1] = 0;
+		src[2] = dst[2] = bpf_htonl(0xffff);
+		__builtin_memcpy(&src[3], h + 12, 4);
+		__builtin_memcpy(&dst[3], h + 16, 4);
+		return 0;
+	}
+	if (skb->protocol != bpf_htons(SL_ETH_P_IPV6))
+		return -1;
+	__u8 h[40];
+	if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)))
+		return -1;
+	__builtin_memcpy(src, h + 8, 16);
+	__builtin_memcpy(dst, h + 24, 16);
+	__u8 next = h[6];
+	__u32 off = 40;
+	/* Extension headers before the transport header, a few at most. */
+	for (int i = 0; i < 4; i++) {
+		__u8 ext[2];
+		if (next != 0 && next != 43 && next != 60 && next != 44)
+			break;
+		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)))
+			return -1;
+		off += next == 44 ? 8 : ((__u32)ext[1] + 1) * 8;
+		next = ext[0];
+	}
+	*proto = next;
+	*l4 = off;
+	return 0;
+}
+
+/* Judges the first packet of a flow into endpoint to, which is isolated
+ * for ingress: returns 1 to let it in, 0 to drop it (counted, reported). */
+static __always_inline int pol_first_packet(struct __sk_buff *skb, struct sl_pol_live *ctl, struct sl_pol_peer *to,
+					    __u32 *src, __u16 sport, __u32 *dst, __u16 dport, __u8 proto)
+{
+	lb_count(SL_LB_POL_FIRST_PACKET);
+	struct sl_pol_peer *from = pol_addr(ctl->bank, src);
+	struct sl_pol_verdict v = {};
+	/* Judged by address: a pod of this node was judged at its connect
+	 * too, by the same tables. */
+	if (!pol_judge(ctl->bank, 0, from ? from->class : SL_POL_CLASS_WORLD,
+		       from ? from->identity : SL_POL_IDENTITY_WORLD, to, to->class, proto, dport, &v))
+		return 1;
+	lb_count(SL_LB_POL_DENIED_PACKET);
+	pol_event(skb, &v, src, sport, dst, dport, proto);
+	return 0;
+}
+
 #endif

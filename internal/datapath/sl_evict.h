@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: leaving the map. A socket whose incoming direction moved to TCP
+ * leaves once what was redirected to it is read; a timer (sl_evict_timers,
+ * charged to the connection's owner) checks while it waits. And what a
+ * closing socket used of its open verdict window. */
+#ifndef SL_EVICT_H
+#define SL_EVICT_H
+
+#include "sl_conn.h"
+
+/* A socket closing under an open verdict window: what the kernel used of
+ * the window (the psock's apply_bytes counts down) was redirected and is
+ * counted now, so that a closed connection's byte totals are exact. Runs
+ * at release, before the sockmap's close detaches the psock. */
+static __always_inline void credit_window(struct sl_sock *st, struct sl_conn *c, struct sock *sk)
+{
+	if (!st->win_left)
+		return;
+	struct sk_psock *ps = psock_of(sk);
+	if (ps) {
+		__u32 left = 0;
+		bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
+		if (left <= st->win_left) {
+			__u64 used = st->win_left - left;
+			c->bytes[st->role & 1] += used;
+			count(SL_C_REDIRECT_BYTES, used);
+		}
+	}
+	st->win_left = 0;
+}
+
+/* Deletes a waiting socket's timer entry (key id, value v) and returns the
+ * timer to its owner; only the deleter that wins returns it. */
+static __always_inline void evict_timer_drop(__u32 *id, struct sl_evict_timer *v)
+{
+	__u64 owner = v->owner;
+	if (!bpf_map_delete_elem(&sl_evict_timers, id))
+		owner_release(owner, SL_HOLD_EVICT_TIMERS);
+}
+
+/* Whether the socket of (slot, role), whose incoming direction moved to
+ * TCP, may leave the map: what was redirected to it is read, and its peer
+ * can no longer redirect to it (a redirect to a socket that left the map
+ * fails with EPIPE). */
+static __always_inline int may_leave(__u32 slot, __u32 role, struct sock *self)
+{
+	return !queued_bytes(self) && !peer_may_redirect(member_sock(slot, role ^ 1));
+}
+
+/* The timer of a socket waiting to leave the map (key: its key in
+ * sl_sockhash): takes it out once it may leave, else checks again later
+ * (SL_EVICT_* in sl_consts.h). A slot of another generation (the socket
+ * closed, its slot reused) or a closed member ends it. */
+static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
+{
+	__u32 id = *key;
+	__u32 slot = id >> 1, role = id & 1;
+	struct sl_conn *c = conn_of(slot);
+	struct sock *self = member_sock(slot, role);
+	if (!c || word_gen(c->word) != v->gen || !self)
+		goto done;
+	if (!may_leave(slot, role, self)) {
+		if (bpf_ktime_get_ns() >= v->until_ns)
+			goto done;
+		__u32 shift = v->tries / SL_EVICT_STEP;
+		if (shift > SL_EVICT_MAX_SHIFT)
+			shift = SL_EVICT_MAX_SHIFT;
+		v->tries++;
+		bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS << shift, 0);
+		return 0;
+	}
+	/* Again just before the delete: a close, the slot's reuse and a new
+	 * handshake during the checks above would have put a newer socket
+	 * under this key. (Comparing the entry itself needs a referenced
+	 * lookup, and sock_ops has no bpf_sk_release to drop it.) */
+	if (word_gen(c->word) != v->gen || member_sock(slot, role) != self)
+		goto done;
+	if (!bpf_map_delete_elem(&sl_sockhash, &id))
+		count(SL_C_EVICTIONS, 1);
+done:
+	evict_timer_drop(key, v);
+	return 0;
+}
+
+/* Has a timer check st's socket until it may leave the map: a reader that
+ * sizes its reads by FIONREAD sees 0 for the bytes TCP queues to a socket
+ * still in the map, and may wait for them without transmitting anything.
+ * The timer is charged to the connection's owner (the client's, as its
+ * slot), within owner_evict_timers: each checks up to 1,000 times a
+ * second in softirq, charged to no process, so a pod whose connections
+ * keep thousands of sockets waiting would have the node spend CPU for it.
+ * Beyond the quota a socket is checked at its own transmits only. */
+static __always_inline void evict_later(struct sl_sock *st, struct sl_conn *c)
+{
+	__u32 id = st->self_id;
+	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
+	if (v && v->gen == st->gen) {
+		v->tries = 0; /* armed; its next checks come soon again */
+		return;
+	}
+	if (v)
+		evict_timer_drop(&id, v); /* a closed socket's, of this slot */
+	__u64 owner = c->owner;
+	if (!owner_charge(owner, SL_HOLD_EVICT_TIMERS)) {
+		count(SL_C_EVICT_TIMER_QUOTA, 1);
+		return;
+	}
+	struct sl_evict_timer init = {.gen = st->gen, .until_ns = bpf_ktime_get_ns() + SL_EVICT_FOR_NS, .owner = owner};
+	if (bpf_map_update_elem(&sl_evict_timers, &id, &init, BPF_NOEXIST)) {
+		owner_release(owner, SL_HOLD_EVICT_TIMERS); /* armed just now, or out of memory */
+		return;
+	}
+	v = bpf_map_lookup_elem(&sl_evict_timers, &id);
+	if (!v)
+		return; /* deleted at once: its deleter returned the charge */
+	if (bpf_timer_init(&v->timer, &sl_evict_timers, SL_CLOCK_MONOTONIC) ||
+	    bpf_timer_set_callback(&v->timer, evict_check) || bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS, 0))
+		evict_timer_drop(&id, v);
+}
+
+#endif /* SL_EVICT_H */

@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* socklane: what sl_msg decides with: the first sends of each end (blocking
+ * readers), a receiver's backlog, streams of small sends, verdict windows. */
+#ifndef SL_VERDICT_H
+#define SL_VERDICT_H
+
+#include "sl_conn.h"
+#include "sl_listener.h"
+#include "sl_capture.h"
+
+/* Both directions move to TCP and both sockets leave the map. Called at a
+ * socket's first send, so nothing was redirected to its peer yet, which
+ * leaves at once; the caller leaves once what was redirected to it is read. */
+static __always_inline void leave_for_blocking(struct sl_sock *st, struct sl_conn *c)
+{
+	st->path = SL_PATH_TCP;
+	st->evict = 1;
+	st->evict_peer = 1;
+	c->path[0] = c->path[1] = SL_PATH_TCP;
+	c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;
+	count(SL_C_FALLBACK_BLOCKING, 1);
+	conn_event(c, SL_EV_FALLBACK, SL_C_FALLBACK_BLOCKING, SL_DIR_BOTH, st->role);
+}
+
+/* The client's first send commits its direction. */
+static __always_inline void decide_client(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c)
+{
+	__u32 before = word_state(c->word);
+	__u32 state = conn_decide(c, st->gen, SL_CONN_TCP, 0);
+	if (state == SL_CONN_BYPASS) {
+		/* Bytes written before the socket entered the map (a send
+		 * that was already waiting for the handshake, TCP Fast Open)
+		 * went through TCP: this direction stays there. */
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
+		if (tp && tp->write_seq != st->base_seq) {
+			st->path = SL_PATH_TCP;
+			c->path[SL_ROLE_CLIENT] = SL_PATH_TCP;
+			c->reason[SL_ROLE_CLIENT] = SL_C_FALLBACK_EARLY_DATA;
+			count(SL_C_FALLBACK_EARLY_DATA, 1);
+			conn_event(c, SL_EV_FALLBACK, SL_C_FALLBACK_EARLY_DATA, SL_ROLE_CLIENT, SL_ROLE_CLIENT);
+			return;
+		}
+		if (c->path[SL_ROLE_CLIENT] == SL_PATH_TCP) {
+			/* The server already took the connection to TCP. */
+			st->path = SL_PATH_TCP;
+			return;
+		}
+		/* An end that reads in blocking mode (the server, or the
+		 * client switched to blocking after connect(), as hiredis
+		 * does). */
+		if (sl_settings.bypass_blocking != SL_MODE_ON) {
+			__u8 ssig = SL_SIG_UNKNOWN, csig = SL_SIG_UNKNOWN;
+			int sb = server_blocks(c, st->slot, &ssig);
+			int cb = tp ? sock_blocking((struct sock *)tp) : -1;
+			/* Read again where the client runs: its process may
+			 * have changed its handlers since connect(). */
+			if (cb == 1 && sl_settings.bypass_blocking == SL_MODE_PROCESS)
+				c->signals[SL_ROLE_CLIENT] = csig = process_signals();
+			if (blocking_keeps_tcp(sb, ssig) || blocking_keeps_tcp(cb, csig)) {
+				leave_for_blocking(st, c);
+				return;
+			}
+		}
+		st->path = SL_PATH_BYPASS;
+		c->path[SL_ROLE_CLIENT] = SL_PATH_BYPASS;
+		return;
+	}
+	/* Kept on TCP for a blocking end: learn what the server really is, if
+	 * it was accepted already, so that a listener mispredicted as blocking
+	 * does not stay so. */
+	if (state == SL_CONN_TCP && (c->reason[SL_ROLE_SERVER] == SL_C_FALLBACK_BLOCKING ||
+				     c->reason[SL_ROLE_SERVER] == SL_C_FALLBACK_NO_LISTENER)) {
+		int b = sock_blocking(member_sock(st->slot, SL_ROLE_SERVER));
+		if (b >= 0)
+			note_listener(c, st->slot, b, SL_SIG_UNKNOWN);
+	}
+	/* The server did not join (remote, unmanaged, or not yet accepted):
+	 * the whole connection stays on TCP and the client leaves the map at
+	 * its next transmit. Nobody ever redirected to it. */
+	if (state == SL_CONN_TCP && before == SL_CONN_PENDING) {
+		count(SL_C_CONNS_TCP, 1);
+		count(SL_C_FALLBACK_PEER_NOT_READY, 1);
+		c->reason[SL_ROLE_CLIENT] = SL_C_FALLBACK_PEER_NOT_READY;
+		conn_event(c, SL_EV_TCP, SL_C_FALLBACK_PEER_NOT_READY, SL_DIR_BOTH, SL_ROLE_CLIENT);
+	}
+	st->path = SL_PATH_TCP;
+	st->evict = 1;
+	c->path[0] = c->path[1] = SL_PATH_TCP;
+}
+
+/* The server's first send: a server reading in blocking mode takes the
+ * connection to TCP (what the client already redirected is read first). */
+static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c)
+{
+	st->checked = 1;
+	if (sl_settings.bypass_blocking == SL_MODE_ON || c->path[SL_ROLE_SERVER] == SL_PATH_TCP)
+		return;
+	int b = sock_blocking((struct sock *)bpf_skc_to_tcp_sock(msg->sk));
+	if (b < 0)
+		return;
+	/* The server's process, where it runs: what its listener predicts
+	 * for the next connections too. */
+	__u8 sig = SL_SIG_UNKNOWN;
+	if (b == 1 && sl_settings.bypass_blocking == SL_MODE_PROCESS)
+		c->signals[SL_ROLE_SERVER] = sig = process_signals();
+	note_listener(c, st->slot, b, sig);
+	if (blocking_keeps_tcp(b, sig))
+		leave_for_blocking(st, c);
+}
+
+/* Whether the direction of st should leave the bypass because its peer
+ * is not reading: the kernel charges redirected bytes to the receiver but
+ * never compares them with its buffer, so without this a slow reader grows
+ * without bound. The limit is max(SO_RCVBUF, backlog_limit). A queue over
+ * it counts once it has stayed over for SL_BACKLOG_GRACE (a writer on its
+ * reader's CPU runs a scheduler slice ahead, tens of MiB at 64 KiB sends,
+ * and the reader then drains it), or at once over SL_BACKLOG_CAP times it.
+ * The time is read only while over the limit, the queue once per
+ * SL_BACKLOG_CHECK_BYTES sent while under it (sent: the bytes since the
+ * last run). */
+static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, __u32 sent)
+{
+	if (!sl_settings.backlog_limit)
+		return 0;
+	/* Under the limit when last read: read again once
+	 * SL_BACKLOG_CHECK_BYTES more were sent. */
+	if (!st->over_since && st->check_left > sent) {
+		st->check_left -= sent;
+		return 0;
+	}
+	st->check_left = SL_BACKLOG_CHECK_BYTES;
+	struct sock *peer = member_sock(st->slot, peer_role);
+	if (!peer)
+		return 0;
+	__u64 queued = queued_bytes(peer);
+	__u64 limit = sl_settings.backlog_limit;
+	int rcvbuf = peer->sk_rcvbuf;
+	if (rcvbuf > 0 && (__u64)rcvbuf > limit)
+		limit = rcvbuf;
+	if (queued <= limit) {
+		st->over_since = 0;
+		return 0;
+	}
+	if (queued > SL_BACKLOG_CAP * limit)
+		return 1;
+	__u32 now = (__u32)(bpf_ktime_get_ns() >> 20) | 1;
+	if (!st->over_since) {
+		st->over_since = now;
+		return 0;
+	}
+	return now - st->over_since > SL_BACKLOG_GRACE;
+}
+
+/* Whether the direction of st streams small sends one way, fast enough
+ * that TCP, which coalesces them, is faster (SL_STREAM_* in sl_consts.h).
+ * Runs where a small send opens a verdict window, so once a window:
+ * window_used is what was left of the previous one (0 if none was open),
+ * and what the other direction had sent when it opened (its verdicts, and
+ * what is left of its own window) is compared with what it has sent now. */
+static __always_inline int small_stream(struct sl_sock *st, struct sl_conn *c, __u32 dir, __u32 len, __u64 window_used)
+{
+	if (sl_settings.bypass_small_streams == SL_MODE_ON)
+		return 0;
+	/* A larger send starts over; it needs neither the clock nor the
+	 * peer (a stale snapshot only makes the next window count less). */
+	if (len >= SL_STREAM_SMALL) {
+		st->streak = 0;
+		return 0;
+	}
+	__u32 now = (__u32)(bpf_ktime_get_ns() >> 10);
+	__u32 other = dir ^ 1;
+	__u32 rev = (__u32)(c->msgs[other] + c->tcp_msgs[other]) * 65537u + window_left(member_sock(st->slot, other));
+	/* Anything sent the other way starts over; a window used up slowly
+	 * (its sends, about verdict_window / len of them, more than
+	 * SL_STREAM_GAP apart on average: a pause, a preempted writer) does
+	 * not count. */
+	if (!window_used || rev != st->rev_seen)
+		st->streak = 0;
+	else if ((__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * sl_settings.verdict_window)
+		st->streak++;
+	st->win_at = now;
+	st->rev_seen = rev;
+	return st->streak >= SL_STREAM_WINDOWS;
+}
+
+/* The verdict window a redirect of a len-byte send opens (0: none): the
+ * kernel then redirects the next that-many bytes, this send included,
+ * without running sl_msg. A send under verdict_window opens one of
+ * verdict_window bytes (for small sends the verdict is most of the cost);
+ * a larger one under SL_LARGE_WINDOW opens one of SL_LARGE_WINDOW (a
+ * verdict is then 1-5% of a send's cost; above it, under 1%). None for
+ * a direction's first send (its verdict count is exact up to there, which
+ * is what tells a brief connection), with windows off (verdict_window 0),
+ * or for a connection being captured, which gets a verdict per send so
+ * that every send is seen. */
+static __always_inline __u32 window_of(struct sl_capture_cfg *cap, struct sl_conn *c, __u32 dir, __u32 len)
+{
+	__u32 w = sl_settings.verdict_window;
+	if (!w || !c->msgs[dir] || cap)
+		return 0;
+	if (len < w)
+		return w;
+	return len < SL_LARGE_WINDOW ? SL_LARGE_WINDOW : 0;
+}
+
+#endif /* SL_VERDICT_H */
