@@ -319,7 +319,24 @@ func newPeerCmd() *cobra.Command {
 	return cmd
 }
 
-// newPlantCmd is the attacker of the connection-takeover tests.
+// ipsAndPorts parses the addresses of a peer command's arguments and its
+// --ports range.
+func ipsAndPorts(args []string, ports string) ([]netip.Addr, []uint16, error) {
+	ips := make([]netip.Addr, 0, len(args))
+	for _, a := range args {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, nil, fmt.Errorf("parsing IP %q: %w", a, err)
+		}
+		ips = append(ips, ip)
+	}
+	ps, err := peer.ParsePorts(ports)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ips, ps, nil
+}
+
 func newListenCmd() *cobra.Command {
 	var ports string
 	c := &cobra.Command{
@@ -327,16 +344,11 @@ func newListenCmd() *cobra.Command {
 		Short: "Listen on every port of the range and hold the listeners until interrupted",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ip, err := netip.ParseAddr(args[0])
-			if err != nil {
-				return fmt.Errorf("IP %q: %w", args[0], err)
-			}
-			ps, err := peer.ParsePorts(ports)
+			ips, ps, err := ipsAndPorts(args, ports)
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			return peer.ListenMany(ctx, ip, ps, func(n int) { fmt.Fprintln(os.Stderr, "listening", n) })
+			return peer.ListenMany(cmd.Context(), ips[0], ps, func(n int) { fmt.Fprintln(os.Stderr, "listening", n) })
 		},
 	}
 	c.Flags().StringVar(&ports, "ports", "", "ports, A or A-B")
@@ -352,15 +364,7 @@ func newUDPFloodCmd() *cobra.Command {
 		Short: "Send N one-byte datagrams from unconnected UDP sockets (in turn), each to another address and port; print how many were sent",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var ips []netip.Addr
-			for _, a := range args {
-				ip, err := netip.ParseAddr(a)
-				if err != nil {
-					return fmt.Errorf("IP %q: %w", a, err)
-				}
-				ips = append(ips, ip)
-			}
-			ps, err := peer.ParsePorts(ports)
+			ips, ps, err := ipsAndPorts(args, ports)
 			if err != nil {
 				return err
 			}
@@ -392,16 +396,11 @@ func newOpenCmd() *cobra.Command {
 		Short: "Open N idle TCP connections to IP over the ports and hold them until interrupted",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ip, err := netip.ParseAddr(args[0])
-			if err != nil {
-				return fmt.Errorf("IP %q: %w", args[0], err)
-			}
-			ps, err := peer.ParsePorts(ports)
+			ips, ps, err := ipsAndPorts(args, ports)
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			return peer.Open(ctx, ip, ps, count, func(n int) { fmt.Fprintln(os.Stderr, "open", n) })
+			return peer.Open(cmd.Context(), ips[0], ps, count, func(n int) { fmt.Fprintln(os.Stderr, "open", n) })
 		},
 	}
 	c.Flags().StringVar(&ports, "ports", "", "server ports, A or A-B (connections go round-robin)")
@@ -409,6 +408,7 @@ func newOpenCmd() *cobra.Command {
 	return c
 }
 
+// newPlantCmd is the attacker of the connection-takeover tests.
 func newPlantCmd() *cobra.Command {
 	var client, server, ports, mode string
 	var via uint16

@@ -20,24 +20,8 @@ func newPolicyCmd(g *globals) *cobra.Command {
 		Use:   "policy",
 		Short: "Kubernetes NetworkPolicy at the socket: apply a YAML file, list, get, test a flow",
 	}
-	var file string
-	apply := &cobra.Command{
-		Use:   "apply -f FILE",
-		Short: "Enforce exactly the policies in FILE, with the namespaces and pods it describes (validated in full first)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return fmt.Errorf("give the policy file with -f FILE")
-			}
-			set, err := policy.ParseFile(file)
-			if err != nil {
-				return err
-			}
-			dp, err := g.openPinned()
-			if err != nil {
-				return err
-			}
-			defer dp.Close()
+	apply := newApplyCmd(g, "policy", "Enforce exactly the policies in FILE, with the namespaces and pods it describes (validated in full first)", policy.ParseFile,
+		func(cmd *cobra.Command, dp *datapath.Datapath, set *policy.Set) error {
 			res, err := node.ApplyPolicies(dp, g.name, set, g.logger(cmd.ErrOrStderr()))
 			if err != nil {
 				return err
@@ -48,9 +32,7 @@ func newPolicyCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "applied %d policies (%d addresses, %d local pods, %d rules; compiled in %s, written in %s); %d established connections destroyed\n",
 				res.Policies, res.Addresses, res.Cgroups, res.Rules, res.Compile.Round(10_000), res.Took.Round(10_000), res.Destroyed)
 			return nil
-		},
-	}
-	apply.Flags().StringVarP(&file, "file", "f", "", "YAML policy file")
+		})
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List the applied policies with the pods they isolate and their verdict counts",

@@ -18,24 +18,9 @@ func newPortsCmd(g *globals) *cobra.Command {
 		Use:   "ports",
 		Short: "Port virtualization: copies of a program binding one port, side by side (apply a YAML file, list)",
 	}
-	var file, criSocket string
-	apply := &cobra.Command{
-		Use:   "apply -f FILE",
-		Short: "Make the port virtualization hold exactly the workloads and routes in FILE (validated in full first)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return fmt.Errorf("give the ports file with -f FILE")
-			}
-			set, err := ports.ParseFile(file)
-			if err != nil {
-				return err
-			}
-			dp, err := g.openPinned()
-			if err != nil {
-				return err
-			}
-			defer dp.Close()
+	var criSocket string
+	apply := newApplyCmd(g, "ports", "Make the port virtualization hold exactly the workloads and routes in FILE (validated in full first)", ports.ParseFile,
+		func(cmd *cobra.Command, dp *datapath.Datapath, set *ports.Set) error {
 			r, err := node.ApplyPorts(cmd.Context(), dp, g.name, set, criSocket)
 			if err != nil {
 				return err
@@ -46,9 +31,7 @@ func newPortsCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "applied %d workloads (%d virtual ports, %d cgroups; hooks on %d cgroups) in %s\n",
 				r.Workloads, r.VirtualPorts, r.Cgroups, r.Hooked, r.Took.Round(100*time.Microsecond))
 			return nil
-		},
-	}
-	apply.Flags().StringVarP(&file, "file", "f", "", "YAML ports file")
+		})
 	apply.Flags().StringVar(&criSocket, "cri-socket", cri.DefaultSocket, "the container runtime's CRI socket (for pod and selector workloads)")
 	list := &cobra.Command{
 		Use:   "list",

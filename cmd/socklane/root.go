@@ -16,6 +16,37 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// newApplyCmd is the `apply -f FILE` of svc, policy and ports: the whole
+// file is parsed and validated before the running datapath is opened, so a
+// bad file changes nothing; apply then makes the node hold exactly what it
+// describes. what names the file in the flag's help and in the error.
+func newApplyCmd[T any](g *globals, what, short string, parse func(path string) (T, error),
+	apply func(cmd *cobra.Command, dp *datapath.Datapath, set T) error) *cobra.Command {
+	var file string
+	c := &cobra.Command{
+		Use:   "apply -f FILE",
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return fmt.Errorf("give the %s file with -f FILE", what)
+			}
+			set, err := parse(file)
+			if err != nil {
+				return err
+			}
+			dp, err := g.openPinned()
+			if err != nil {
+				return err
+			}
+			defer dp.Close()
+			return apply(cmd, dp, set)
+		},
+	}
+	c.Flags().StringVarP(&file, "file", "f", "", "YAML "+what+" file")
+	return c
+}
+
 // globals are the flags every command shares.
 type globals struct {
 	bpffs   string

@@ -17,24 +17,8 @@ func newSvcCmd(g *globals) *cobra.Command {
 		Use:   "svc",
 		Short: "Services balanced at connect(): apply a YAML file, list, get",
 	}
-	var file string
-	apply := &cobra.Command{
-		Use:   "apply -f FILE",
-		Short: "Make the load balancer serve exactly the services in FILE (validated in full first)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return fmt.Errorf("give the service file with -f FILE")
-			}
-			set, err := service.ParseFile(file)
-			if err != nil {
-				return err
-			}
-			dp, err := g.openPinned()
-			if err != nil {
-				return err
-			}
-			defer dp.Close()
+	apply := newApplyCmd(g, "service", "Make the load balancer serve exactly the services in FILE (validated in full first)", service.ParseFile,
+		func(cmd *cobra.Command, dp *datapath.Datapath, set *service.Set) error {
 			st, err := node.ApplyServices(dp, g.name, set, nil)
 			if err != nil {
 				return err
@@ -51,9 +35,7 @@ func newSvcCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%d backends left their services; %d of their connected sockets destroyed\n", st.Stale, st.Destroyed)
 			}
 			return nil
-		},
-	}
-	apply.Flags().StringVarP(&file, "file", "f", "", "YAML service file")
+		})
 
 	list := &cobra.Command{
 		Use:   "list",
