@@ -120,6 +120,7 @@ load balancer), and the programming time. Reports medians and ratios.`,
 	f.StringVar(&ioMode, "io", string(peer.IOBlocking), "socket I/O of socklane's own clients and servers: blocking (one system call per operation, as qperf and netperf; what is timed is the kernel's path) or netpoll (Go's net package: epoll and goroutine wake-ups, as event-driven servers)")
 	f.BoolVar(&o.DefaultSettings, "default-settings", false, "load the datapath with the agent's defaults (blocking readers decided per process, as the kernel's bugs say) instead of bypassing every connection, and report which path each program's connections took, and why")
 	f.BoolVar(&o.BypassSmallStreams, "bypass-small-streams", false, "keep fast one-way streams of small sends in the bypass (by default the datapath moves them to TCP, which coalesces them)")
+	f.BoolVar(&o.SlowReadersValve, "slow-readers-valve", false, "push a writer whose reader falls behind back through TCP while the reader catches up (the datapath's --slow-readers valve) instead of moving its direction to TCP")
 	f.BoolVar(&o.BypassBrief, "bypass-brief", false, "join every connection to the bypass, also those to destinations whose recent connections were brief (by default the datapath learns them and leaves them on TCP)")
 	f.BoolVar(&o.BPFStats, "bpf-stats", true, "turn on the kernel's BPF run-time statistics for the run and report each program's cost (they add two clock reads to every program run)")
 	f.StringSliceVar(&o.Scenarios, "scenarios", bench.Scenarios(), "scenarios: pod-to-pod, loopback, host-to-pod")

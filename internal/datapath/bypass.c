@@ -72,6 +72,31 @@ static __always_inline void set_flags(struct bpf_sock_ops *skops, int add, int c
 		bpf_sock_ops_cb_flags_set(skops, want);
 }
 
+/* While st's valve is open (valve_room), its socket sleeps in send() once
+ * SL_VALVE_LOWAT of its sends passed to TCP are unsent, unless its
+ * application chose a TCP_NOTSENT_LOWAT of its own; closed, or once the
+ * socket leaves the map (leaving), TCP's default is back. Run at the
+ * socket's transmits: the first segment of a pass through TCP sets it. */
+static __always_inline void valve_lowat(struct bpf_sock_ops *skops, struct sl_sock *st, int leaving)
+{
+	int want = st->valve && !leaving;
+	if (want == !!st->lowat)
+		return;
+	int v = 0;
+	if (!want) {
+		if (st->lowat == SL_LOWAT_OURS)
+			bpf_setsockopt(skops, SL_SOL_TCP, SL_TCP_NOTSENT_LOWAT, &v, sizeof(v));
+		st->lowat = 0;
+		return;
+	}
+	st->lowat = SL_LOWAT_THEIRS;
+	if (bpf_getsockopt(skops, SL_SOL_TCP, SL_TCP_NOTSENT_LOWAT, &v, sizeof(v)) || v)
+		return;
+	v = SL_VALVE_LOWAT;
+	if (!bpf_setsockopt(skops, SL_SOL_TCP, SL_TCP_NOTSENT_LOWAT, &v, sizeof(v)))
+		st->lowat = SL_LOWAT_OURS;
+}
+
 static __always_inline void on_active(struct bpf_sock_ops *skops)
 {
 	struct sl_tuple t;
@@ -465,6 +490,8 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 			count(SL_C_EVICTIONS, 1);
 		st->in_map = 0;
 	}
+	if (st->valve || st->lowat)
+		valve_lowat(skops, st, !st->in_map);
 	/* Off once nothing more can be asked of this callback: the socket
 	 * left the map. A bypassed socket hardly transmits, so leaving it on
 	 * costs nothing while it may still have to leave. */
@@ -544,9 +571,18 @@ int sl_msg(struct sk_msg_md *msg)
 		__u32 win = window_of(cap, c, dir, len);
 		int small = win && len < sl_settings.verdict_window;
 		reason = SL_C_FALLBACK_BACKLOG;
-		if (!peer_backlogged(st, dir ^ 1, redirected + len))
-			reason = small && small_stream(st, c, dir, len, redirected) ? SL_C_FALLBACK_SMALL_STREAM
-										    : SL_C_FALLBACK_PEER_GONE;
+		/* With the valve, a send it passes to TCP leaves the direction
+		 * bypassed (reason 0), and a window never takes the peer's
+		 * queue past the valve's limit. */
+		__u32 room = ~0u;
+		if (sl_settings.backlog_valve == SL_MODE_ON)
+			reason = (room = valve_room(msg, st, len)) ? SL_C_FALLBACK_PEER_GONE : 0;
+		else if (!peer_backlogged(st, dir ^ 1, redirected + len))
+			reason = SL_C_FALLBACK_PEER_GONE;
+		if (reason == SL_C_FALLBACK_PEER_GONE && small && small_stream(st, c, dir, len, redirected))
+			reason = SL_C_FALLBACK_SMALL_STREAM;
+		if (win > room)
+			win = room > len ? room : 0;
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
 				__u64 window = 0;
@@ -568,10 +604,12 @@ int sl_msg(struct sk_msg_md *msg)
 			}
 		}
 		/* One-way switch to TCP: never a miss returned as SK_DROP. */
-		st->path = SL_PATH_TCP;
-		c->path[dir] = SL_PATH_TCP;
-		c->reason[dir] = reason;
-		conn_event(c, SL_EV_FALLBACK, reason, dir, dir);
+		if (reason) {
+			st->path = SL_PATH_TCP;
+			c->path[dir] = SL_PATH_TCP;
+			c->reason[dir] = reason;
+			conn_event(c, SL_EV_FALLBACK, reason, dir, dir);
+		}
 	}
 	c->bytes[dir] += redirected;
 	c->tcp_msgs[dir]++;
@@ -583,6 +621,16 @@ int sl_msg(struct sk_msg_md *msg)
 		if (reason && reason < SL_C_MAX)
 			cnt->c[reason]++;
 	}
+	return SK_PASS;
+}
+
+/* On sl_sockhash with the valve (--slow-readers valve) only: TCP's bytes
+ * for a socket in the map join the queue of the bytes redirected to it, in
+ * order of arrival, so that FIONREAD counts both and a redirect after a
+ * pass through TCP cannot overtake what TCP delivered. */
+SEC("sk_skb/stream_verdict")
+int sl_skb(struct __sk_buff *skb)
+{
 	return SK_PASS;
 }
 

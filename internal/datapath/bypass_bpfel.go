@@ -53,6 +53,7 @@ type bypassSlConfig struct {
 	BypassBlocking     bypassSlMode
 	BypassBrief        bypassSlMode
 	BypassSmallStreams bypassSlMode
+	BacklogValve       bypassSlMode
 	OwnerConns         uint32
 	OwnerListeners     uint32
 	OwnerLbConns       uint32
@@ -60,7 +61,6 @@ type bypassSlConfig struct {
 	OwnerUdpTables     uint32
 	OwnerEvictTimers   uint32
 	LbHostOnly         bypassSlMode
-	_                  [4]byte
 	HostNetns          uint64
 	ListenerKptr       uint32
 	_                  [4]byte
@@ -138,12 +138,14 @@ const (
 	bypassSlCounterSL_C_FALLBACK_SMALL_STREAM   bypassSlCounter = 32
 	bypassSlCounterSL_C_EVICT_TIMER_QUOTA       bypassSlCounter = 33
 	bypassSlCounterSL_C_FALLBACK_OPTED_OUT      bypassSlCounter = 34
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 35
+	bypassSlCounterSL_C_VALVE_OPENS             bypassSlCounter = 35
+	bypassSlCounterSL_C_VALVE_CLOSES            bypassSlCounter = 36
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 37
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [35]uint64
+	C [37]uint64
 }
 
 type bypassSlDefaults uint32
@@ -236,7 +238,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 30
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 32
 )
 
 type bypassSlListener struct {
@@ -362,7 +364,9 @@ type bypassSlSock struct {
 	WinAt     uint32
 	RevSeen   uint32
 	Streak    uint8
-	Pad2      [3]uint8
+	Valve     uint8
+	Lowat     uint8
+	Pad2      uint8
 }
 
 type bypassSlTuple struct {
@@ -414,6 +418,7 @@ const (
 	bypassProgSlReclaim      = "sl_reclaim"
 	bypassProgSlRelease      = "sl_release"
 	bypassProgSlSeedListener = "sl_seed_listener"
+	bypassProgSlSkb          = "sl_skb"
 	bypassProgSlSockops      = "sl_sockops"
 	bypassVarSlEnumsUnused   = "sl_enums_unused"
 	bypassVarSlSettings      = "sl_settings"
@@ -465,6 +470,7 @@ type bypassProgramSpecs struct {
 	SlReclaim      *ebpf.ProgramSpec `ebpf:"sl_reclaim"`
 	SlRelease      *ebpf.ProgramSpec `ebpf:"sl_release"`
 	SlSeedListener *ebpf.ProgramSpec `ebpf:"sl_seed_listener"`
+	SlSkb          *ebpf.ProgramSpec `ebpf:"sl_skb"`
 	SlSockops      *ebpf.ProgramSpec `ebpf:"sl_sockops"`
 }
 
@@ -588,6 +594,7 @@ type bypassPrograms struct {
 	SlReclaim      *ebpf.Program `ebpf:"sl_reclaim"`
 	SlRelease      *ebpf.Program `ebpf:"sl_release"`
 	SlSeedListener *ebpf.Program `ebpf:"sl_seed_listener"`
+	SlSkb          *ebpf.Program `ebpf:"sl_skb"`
 	SlSockops      *ebpf.Program `ebpf:"sl_sockops"`
 }
 
@@ -597,6 +604,7 @@ func (p *bypassPrograms) Close() error {
 		p.SlReclaim,
 		p.SlRelease,
 		p.SlSeedListener,
+		p.SlSkb,
 		p.SlSockops,
 	)
 }

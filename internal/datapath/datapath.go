@@ -179,6 +179,17 @@ func create(cfg Config, f Features) (*Datapath, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("attaching sk_msg to sl_sockhash: %w", err)
 	}
+	// The valve's verdict: TCP's bytes join the redirected ones. The map
+	// holds the attachment, as it holds sl_msg's.
+	if loaded.BacklogValve.On() {
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+			Target:  d.objs.SlSockhash.FD(),
+			Program: d.objs.SlSkb,
+			Attach:  ebpf.AttachSkSKBStreamVerdict,
+		}); err != nil {
+			return nil, fmt.Errorf("attaching the valve's sk_skb verdict to sl_sockhash (--slow-readers tcp does without it): %w", err)
+		}
+	}
 	if err := d.objs.SlSockops.Pin(filepath.Join(cfg.PinDir, progPinSockops)); err != nil {
 		return nil, fmt.Errorf("pinning sl_sockops: %w", err)
 	}

@@ -243,7 +243,7 @@ func typeName(s string) string {
 // program type got later is listed per type).
 var (
 	progTypeSince = map[ebpf.ProgramType]string{
-		ebpf.CGroupSock: "4.10", ebpf.SockOps: "4.13", ebpf.SkMsg: "4.17",
+		ebpf.CGroupSock: "4.10", ebpf.SockOps: "4.13", ebpf.SkMsg: "4.17", ebpf.SkSKB: "4.14",
 		ebpf.CGroupSockAddr: "4.17", ebpf.Syscall: "5.14", ebpf.CGroupSKB: "4.10",
 	}
 	attachSince = map[ebpf.AttachType]string{
@@ -269,6 +269,7 @@ var (
 		asm.FnSkbLoadBytes: "4.5", asm.FnSkFullsock: "5.1", asm.FnGetCurrentAncestorCgroupId: "5.7",
 		asm.FnGetCurrentTask: "4.8", asm.FnSkbCgroupId: "4.18",
 		asm.FnTimerInit: "5.15", asm.FnTimerSetCallback: "5.15", asm.FnTimerStart: "5.15",
+		asm.FnSetsockopt: "4.13", asm.FnGetsockopt: "4.15",
 	}
 	// Helpers that came to a program type later than to tracing: the
 	// base helpers of CAP_PERFMON (the current task, reading kernel

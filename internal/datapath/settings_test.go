@@ -17,13 +17,13 @@ import (
 func TestSettingsReadBack(t *testing.T) {
 	for i, want := range []Settings{
 		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, OwnerEvictTimers: 6, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, OwnerEvictTimers: 6, LbHostOnly: ModeOn},
 		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, OwnerEvictTimers: 131072, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, OwnerEvictTimers: 131072, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, OwnerEvictTimers: 1, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, OwnerEvictTimers: 1, LbHostOnly: ModeOn},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
@@ -52,7 +52,7 @@ func TestSettingsReadBack(t *testing.T) {
 			}
 			other := Config{PinDir: dir, Settings: Settings{Bypass: ModeOn + ModeOff - want.Bypass, BacklogLimit: 99, VerdictWindow: 8,
 				BypassBlocking: ModeOn + ModeOff - want.BypassBlocking, BypassBrief: ModeOn + ModeOff - want.BypassBrief,
-				BypassSmallStreams: ModeOn + ModeOff - want.BypassSmallStreams}}
+				BypassSmallStreams: ModeOn + ModeOff - want.BypassSmallStreams, BacklogValve: ModeOn + ModeOff - want.BacklogValve}}
 			adopted, err := Open(other)
 			if err != nil {
 				t.Fatal(err)
@@ -81,6 +81,12 @@ func TestResolve(t *testing.T) {
 	}
 	if got := (Settings{BacklogLimit: 5}).Resolve(fit).BacklogLimit; got != 5 {
 		t.Errorf("backlog limit 5 read as %d", got)
+	}
+	if got := (Settings{}).Resolve(fit).BacklogValve; got != ModeOff {
+		t.Errorf("slow readers left to the datapath resolved to %v, want the one-way move (off)", got)
+	}
+	if got := (Settings{BacklogValve: ModeOn}).Resolve(fit).BacklogValve; got != ModeOn {
+		t.Errorf("the valve asked for resolved to %v", got)
 	}
 	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity), UDPTables: uint64(DefaultOwnerUDPTables), EvictTimers: uint64(DefaultOwnerEvictTimers)}) {
 		t.Errorf("quotas of a request with one given: %+v", q)
@@ -138,6 +144,9 @@ func TestSettingFlags(t *testing.T) {
 		{"brief-connections", "auto", nil, "want one of bypass, tcp"},
 		{"small-streams", "bypass", func(s Settings) bool { return s.BypassSmallStreams == ModeOn }, ""},
 		{"small-streams", "auto", nil, "want one of bypass, tcp"},
+		{"slow-readers", "valve", func(s Settings) bool { return s.BacklogValve == ModeOn }, ""},
+		{"slow-readers", "tcp", func(s Settings) bool { return s.BacklogValve == ModeOff }, ""},
+		{"slow-readers", "block", nil, "want one of valve, tcp"},
 		{"backlog-limit", "2097152", func(s Settings) bool { return s.BacklogLimit == 2097152 }, ""},
 		{"backlog-limit", "-1", nil, "want a number of bytes"},
 		{"verdict-window", "0", func(s Settings) bool { return s.VerdictWindow == 0 }, ""},

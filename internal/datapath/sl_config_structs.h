@@ -54,6 +54,12 @@ struct sl_config {
 	 * a stream of 1-64 byte writes is up to three times faster on TCP
 	 * across CPUs. */
 	enum sl_mode bypass_small_streams;
+	/* SL_MODE_ON: a writer whose reader falls behind is pushed back
+	 * through TCP while the reader catches up (the valve, SL_VALVE_* in
+	 * sl_consts.h; an sk_skb verdict on the map puts TCP's bytes in the
+	 * same queue as the redirected ones). Otherwise the backlog rule
+	 * moves the direction to TCP for good (backlog_limit). */
+	enum sl_mode backlog_valve;
 	/* What one owner (the cgroup of a socket, or of the process making
 	 * it: a pod's container) may hold of the node-wide tables (defaults
 	 * and bounds: enum sl_quota). Beyond it, its new connections stay on
@@ -94,6 +100,7 @@ struct sl_config {
 	.bypass_blocking = SL_MODE_OFF,                            \
 	.bypass_brief = SL_MODE_OFF,                               \
 	.bypass_small_streams = SL_MODE_OFF,                       \
+	.backlog_valve = SL_MODE_OFF,                              \
 	.owner_conns = SL_OWNER_CONNS,                             \
 	.owner_listeners = SL_OWNER_LISTENERS,                     \
 	.owner_lb_conns = SL_OWNER_LB_CONNS,                       \

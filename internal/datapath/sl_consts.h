@@ -52,6 +52,9 @@ enum sl_counter {
 				       * connection's owner holds its quota of timers */
 	SL_C_FALLBACK_OPTED_OUT,      /* connections left on TCP: an end's network namespace is opted out
 				       * of the bypass (sl_bypass_optout) */
+	SL_C_VALVE_OPENS,             /* a receiver's queue neared its SO_RCVBUF: its writer's sends pass
+				       * to TCP (--slow-readers valve) */
+	SL_C_VALVE_CLOSES,            /* the receiver caught up: its writer's sends are redirected again */
 	SL_C_MAX,
 };
 
@@ -61,7 +64,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 30,
+	SL_LAYOUT_VERSION = 32,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -196,6 +199,21 @@ enum sl_sig_mask {
  * or fallback decision comes at most 256 KiB late, against a backlog limit
  * of at least SO_RCVBUF (by default tcp_rmem max). */
 #define SL_LARGE_WINDOW (256u << 10)
+
+/* The valve (--slow-readers valve): a writer's sends pass to TCP once its
+ * receiver's queue would come within SL_VALVE_MARGIN of the receiver's
+ * SO_RCVBUF (the kernel charges redirected bytes to it, and drops TCP
+ * segments that arrive past it), until the receiver has every byte sent
+ * through TCP and its queue is under half that limit. A writer whose
+ * sends pass sleeps once SL_VALVE_LOWAT of them are unsent
+ * (TCP_NOTSENT_LOWAT, set where the application has not), so that each
+ * pass through TCP is about one send, not a send buffer. */
+#define SL_VALVE_MARGIN (64u << 10)
+enum sl_lowat {
+	SL_LOWAT_THEIRS = 1, /* the application's own, left alone */
+	SL_LOWAT_OURS = 2,   /* set for the open valve, cleared when it closes */
+};
+#define SL_VALVE_LOWAT (16 << 10)
 /* A socket whose incoming direction moved to TCP leaves the map once what
  * was redirected to it is read; from its first transmit that found it busy
  * a timer re-checks, every SL_EVICT_CHECK_NS for SL_EVICT_STEP checks, then

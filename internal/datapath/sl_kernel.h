@@ -44,6 +44,8 @@ struct sock {
 } __attribute__((preserve_access_index));
 
 #define SL_O_NONBLOCK 04000
+#define SL_SOL_TCP 6
+#define SL_TCP_NOTSENT_LOWAT 25
 #define SL_CLOCK_MONOTONIC 1
 
 /* msg_tot_len: bytes redirected into a socket and not yet read.
@@ -61,11 +63,18 @@ struct list_head {
 
 /* msg_tot_len is recent (the sockmap FIONREAD fixes); ingress_msg, the
  * queue it counts, is not. */
+struct sk_buff_head {
+	__u32 qlen;
+} __attribute__((preserve_access_index));
+
+/* ingress_skb: TCP's bytes an sk_skb verdict passed to the socket that
+ * wait for the psock's worker to join ingress_msg. */
 struct sk_psock {
 	__u32 apply_bytes;
 	__u32 msg_tot_len;
 	struct refcount_struct refcnt;
 	struct list_head ingress_msg;
+	struct sk_buff_head ingress_skb;
 } __attribute__((preserve_access_index));
 
 /* Low bits of sk_user_data are flags (SK_USER_DATA_PTRMASK). */
@@ -73,6 +82,7 @@ struct sk_psock {
 
 struct tcp_sock {
 	__u32 write_seq;
+	__u32 rcv_nxt;
 } __attribute__((preserve_access_index));
 
 /* The read mode of a socket's file: 1 blocking, 0 non-blocking, -1 not
@@ -163,6 +173,27 @@ static __always_inline int peer_may_redirect(struct sock *sk)
 	bpf_core_read(&left, sizeof(left), &ps->apply_bytes);
 	bpf_core_read(&refs, sizeof(refs), &ps->refcnt.refs.counter);
 	return left || refs > 1;
+}
+
+/* Whether TCP's bytes for sk wait for its psock's worker (an sk_skb
+ * verdict passed them while the queue could not take them at once): a
+ * redirect now would overtake them. */
+static __always_inline int psock_skbs_waiting(struct sock *sk)
+{
+	struct sk_psock *ps = psock_of(sk);
+	__u32 n = 0;
+	if (ps)
+		bpf_core_read(&n, sizeof(n), &ps->ingress_skb.qlen);
+	return n != 0;
+}
+
+/* The next sequence number sk's TCP expects: every byte its peer sent
+ * through TCP below it has arrived. */
+static __always_inline __u32 tcp_rcv_nxt(struct sock *sk)
+{
+	__u32 seq = 0;
+	bpf_core_read(&seq, sizeof(seq), &((struct tcp_sock *)sk)->rcv_nxt);
+	return seq;
 }
 
 /* The bytes left of sk's open verdict window (0 if none). */

@@ -185,7 +185,11 @@ struct sl_sock {
 	__u32 rev_seen;  /* what the other direction had sent then (small_stream) */
 	__u8 streak;     /* windows of small sends used up fast since the other
 			  * direction last sent (small_stream) */
-	__u8 pad2[3];
+	__u8 valve;      /* this socket's sends pass to TCP until its peer has
+			  * caught up (valve_room) */
+	__u8 lowat;      /* enum sl_lowat: the TCP_NOTSENT_LOWAT the open valve
+			  * needs, set by socklane or the application's own */
+	__u8 pad2;
 };
 
 /* A socket waiting to leave the map (sl_evict_timers, keyed by its key in

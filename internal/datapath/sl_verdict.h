@@ -151,6 +151,40 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 	return now - st->over_since > SL_BACKLOG_GRACE;
 }
 
+/* The valve (--slow-readers valve, SL_VALVE_* in sl_consts.h): the bytes
+ * st's socket may still redirect before its peer's queue comes within
+ * SL_VALVE_MARGIN of the peer's SO_RCVBUF, or 0 if this send of len
+ * bytes passes to TCP. The kernel charges redirected bytes to the
+ * receiver's buffer and drops TCP segments arriving past it, so the valve
+ * opens before the queue gets there; TCP's window and send buffer then
+ * pace the writer, and TCP's bytes join the redirected ones in the
+ * receiver's queue (the sk_skb verdict), in order and counted by FIONREAD.
+ * It closes once the peer's TCP has every byte sent through it, none of
+ * them waits for the psock's worker (a redirect would overtake them), and
+ * the queue is under half the limit. */
+static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, __u32 len)
+{
+	struct sock *peer = member_sock(st->slot, st->role ^ 1);
+	if (!peer)
+		return len; /* the redirect misses: the caller moves to TCP */
+	__u32 queued = queued_bytes(peer);
+	int rcvbuf = peer->sk_rcvbuf;
+	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
+	if (st->valve) {
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
+		if (!tp || queued > limit / 2 || queued + len > limit || tcp_rcv_nxt(peer) != tp->write_seq ||
+		    psock_skbs_waiting(peer))
+			return 0;
+		st->valve = 0;
+		count(SL_C_VALVE_CLOSES, 1);
+	} else if (queued + len > limit) {
+		st->valve = 1;
+		count(SL_C_VALVE_OPENS, 1);
+		return 0;
+	}
+	return limit - queued;
+}
+
 /* Whether the direction of st streams small sends one way, fast enough
  * that TCP, which coalesces them, is faster (SL_STREAM_* in sl_consts.h).
  * Runs where a small send opens a verdict window, so once a window:

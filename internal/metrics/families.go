@@ -37,6 +37,7 @@ var (
 	famCapDropped    = family{"capture_dropped_total", "Bypassed messages a running capture missed, by reason: ring_full (the reader fell behind) or rate_limit.", prometheus.CounterValue, []string{"reason"}}
 	famQuota         = family{"quota_refusals_total", "Entries of node-wide tables refused to an owner (a cgroup) holding its quota, by table; `socklane status` names the owners.", prometheus.CounterValue, []string{"table"}}
 	famBlockingQuiet = family{"blocking_quiet_total", "Decisions that let an end reading in blocking mode into the bypass because its process handles no signal that can interrupt a read (--blocking-sockets per-process); such ends are otherwise kept on TCP (fallbacks_total{reason=\"blocking\"}).", prometheus.CounterValue, nil}
+	famValve         = family{"valve_total", "Valve transitions (--slow-readers valve), by event: opens (a reader's queue neared its SO_RCVBUF: its writer's sends pass to TCP, whose window paces it) and closes (the reader caught up: the sends are redirected again).", prometheus.CounterValue, []string{"event"}}
 	famSockets       = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
 
 	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction), nat_evicted (a UDP socket's least recently used VIP translation dropped: it talks to more than 32 VIPs), pick_ambiguous (a UDP socket's pick whose backend already answers for another of its VIPs, no other backend to be had), bank_retry (a pick that read the frontend again because an apply published new backends meanwhile), out_of_scope (connects and sends to a service address left to the node's per-packet proxy: --service-lb-scope host, or a pod opted out).", prometheus.CounterValue, []string{"event"}}
@@ -51,13 +52,13 @@ var (
 	famProgRuns    = family{"bpf_program_runs_total", "Runs of each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famProgSeconds = family{"bpf_program_run_seconds_total", "Time spent in each socklane BPF program while the kernel's BPF run-time statistics were on.", prometheus.CounterValue, []string{"program"}}
 	famCollectErr  = family{"collection_errors_total", "Scrapes in which some part of the datapath could not be read.", prometheus.CounterValue, nil}
-	famSetting     = family{"datapath_setting", "The settings the running datapath was loaded with, by setting: backlog_limit_bytes, verdict_window_bytes, bypass_blocking, bypass_brief and bypass_small_streams (1: such connections join or stay in the bypass, 0: they stay on or move to TCP; bypass_blocking 0.5: decided per process).", prometheus.GaugeValue, []string{"setting"}}
+	famSetting     = family{"datapath_setting", "The settings the running datapath was loaded with, by setting: backlog_limit_bytes, verdict_window_bytes, bypass_blocking, bypass_brief and bypass_small_streams (1: such connections join or stay in the bypass, 0: they stay on or move to TCP; bypass_blocking 0.5: decided per process), backlog_valve (1: a writer whose reader falls behind is pushed back through TCP, 0: its direction moves to TCP).", prometheus.GaugeValue, []string{"setting"}}
 	famBuild       = family{"build_info", "Always 1; the labels tell the socklane version and the Go version it was built with.", prometheus.GaugeValue, []string{"version", "goversion"}}
 )
 
 var families = []family{
 	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
-	famFallbacks, famBlockingQuiet, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
+	famFallbacks, famBlockingQuiet, famValve, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
 	famPolEvents, famPolVerdict, famPortEvents,
@@ -108,6 +109,8 @@ var bypassCounters = map[string]counterRef{
 	"capture_rate_drops":      {famCapDropped, "rate_limit"},
 	"evict_timer_quota":       {famQuota, "evict_timers"},
 	"fallback_opted_out":      {famFallbacks, "opted_out"},
+	"valve_opens":             {famValve, "opens"},
+	"valve_closes":            {famValve, "closes"},
 }
 
 // lbCounters does the same for enum sl_lb_counter.

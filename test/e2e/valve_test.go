@@ -1,0 +1,148 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/socklane/socklane/internal/testbed"
+	"github.com/socklane/socklane/internal/testutil"
+)
+
+// TestSlowReaderValve: with --slow-readers valve a writer whose reader
+// falls behind is pushed back through TCP instead of leaving the bypass.
+// While the sink reads nothing, the writer gets no further than its
+// reader's buffer: what was redirected stays within the receiver's
+// SO_RCVBUF, the receiver's memory (ss skmem) within it but for the last
+// segment admitted, and its TCP drops nothing; once the sink reads, every
+// byte arrives, the valve has opened and closed, and no direction moved
+// to TCP. Integrity streams (slow receivers, peeks checked against
+// FIONREAD, resets) then run through the valve intact. The same stream
+// with --slow-readers tcp is the control: redirected far past the buffer,
+// then moved to TCP for good by the backlog rule.
+func TestSlowReaderValve(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		valve bool
+	}{{"valve", true}, {"tcp", false}} {
+		t.Run(tc.mode, func(t *testing.T) {
+			_, in, srv, cli := serverClient(t, "--slow-readers", tc.mode, "--backlog-limit", "1048576")
+			if !readStatus(t, in).Kernel.PsockMsgTotLen {
+				t.Skip("this kernel's sk_psock does not count queued bytes: neither rule can see a reader's queue")
+			}
+			const msg, count = 64 << 10, 256 // 16 MiB
+			listen := "0.0.0.0:7500"
+			start(t, srv, in.Bin, "peer", "sink", listen, "--delay", "1500ms")
+			waitPort(t, srv, listen)
+			drops := tcpRcvQDrops(t, srv)
+			before := in.Counters()
+			st := start(t, cli, in.Bin, "peer", "stream", netip.AddrPortFrom(srv.IPv4, 7500).String(),
+				"--size", fmt.Sprint(msg), "--count", fmt.Sprint(count), "--interval", "0s")
+
+			// Mid-pause: the writer is held at the reader's buffer.
+			time.Sleep(700 * time.Millisecond)
+			rmem, rcvbuf := receiverMemory(t, srv, 7500)
+			mid := testutil.Delta(before, in.Counters())
+			t.Logf("mid-pause: %d bytes redirected, %d passed to TCP; receiver rmem %d of SO_RCVBUF %d", mid["redirect_bytes"], mid["pass_bytes"], rmem, rcvbuf)
+			switch {
+			case tc.valve && mid["redirect_bytes"] > rcvbuf:
+				t.Errorf("%d bytes redirected to a reader that read nothing, past its SO_RCVBUF %d", mid["redirect_bytes"], rcvbuf)
+			case !tc.valve && mid["redirect_bytes"] <= 1<<20:
+				t.Errorf("%d bytes redirected to a reader that read nothing: the backlog rule moves the direction past the 1 MiB limit", mid["redirect_bytes"])
+			}
+			// TCP admits a segment while the socket is under its buffer,
+			// so the last one may take it over by its own size.
+			if tc.valve && rmem > rcvbuf+128<<10 {
+				t.Errorf("the receiver holds %d bytes, past its SO_RCVBUF %d", rmem, rcvbuf)
+			}
+
+			// stream fails unless the sink counted every byte sent.
+			if err := st.wait(t, 2*time.Minute); err != nil {
+				t.Fatalf("stream: %v: %s", err, st.err.String())
+			}
+			d := testutil.Delta(before, in.Counters())
+			dropped := tcpRcvQDrops(t, srv) - drops
+			t.Logf("stream: %d bytes redirected, %d passed; valve opened %d times, closed %d; %d segments dropped", d["redirect_bytes"], d["pass_bytes"], d["valve_opens"], d["valve_closes"], dropped)
+			if !tc.valve {
+				mustEqual(t, d, "fallback_backlog", 1)
+				mustEqual(t, d, "valve_opens", 0)
+				return
+			}
+			// Both ends stay in the map: every send ran sl_msg.
+			if d["redirect_bytes"]+d["pass_bytes"] < msg*count {
+				t.Errorf("%d bytes redirected and %d passed, want the stream's %d in all", d["redirect_bytes"], d["pass_bytes"], msg*count)
+			}
+			if dropped != 0 {
+				t.Errorf("the receiver's TCP dropped %d segments for want of memory", dropped)
+			}
+			mustAtLeast(t, d, "valve_opens", 1)
+			mustAtLeast(t, d, "valve_closes", 1)
+			mustAtLeast(t, d, "pass_bytes", 1)
+			mustEqual(t, d, "fallback_backlog", 0)
+
+			t.Run("integrity", func(t *testing.T) {
+				before := in.Counters()
+				integrity(t, in, srv, cli, "0.0.0.0:9000", netip.AddrPortFrom(srv.IPv4, 9000).String(), 16,
+					"--io", "epoll", "--slow-bytes", strconv.Itoa(8<<20), "--max-msg", "65536")
+				d := testutil.Delta(before, in.Counters())
+				t.Logf("%d bytes redirected, %d passed; valve opened %d times, closed %d", d["redirect_bytes"], d["pass_bytes"], d["valve_opens"], d["valve_closes"])
+				mustAtLeast(t, d, "valve_opens", 1)
+				mustEqual(t, d, "fallback_backlog", 0)
+			})
+		})
+	}
+}
+
+var skmemRE = regexp.MustCompile(`skmem:\(r(\d+),rb(\d+),`)
+
+// receiverMemory is what the established socket on port in p holds
+// (sk_rmem_alloc: its TCP queue and, from 6.13, what was redirected to it)
+// and its SO_RCVBUF, from ss.
+func receiverMemory(t *testing.T, p *testbed.Pod, port int) (rmem, rcvbuf uint64) {
+	t.Helper()
+	cmd, err := p.Command("ss", "-Htmn", "state", "established", fmt.Sprintf("sport = :%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.Output()
+	m := skmemRE.FindStringSubmatch(string(out))
+	if err != nil || m == nil {
+		t.Fatalf("ss in pod %s: %v: %q", p.Name, err, out)
+	}
+	rmem, _ = strconv.ParseUint(m[1], 10, 64)
+	rcvbuf, _ = strconv.ParseUint(m[2], 10, 64)
+	return rmem, rcvbuf
+}
+
+// tcpRcvQDrops is TcpExtTCPRcvQDrop of p's network namespace: segments
+// its TCP dropped because the receiving socket was out of memory.
+func tcpRcvQDrops(t *testing.T, p *testbed.Pod) uint64 {
+	t.Helper()
+	cmd, err := p.Command("cat", "/proc/net/netstat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("reading /proc/net/netstat in pod %s: %v", p.Name, err)
+	}
+	lines := strings.Split(string(out), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		h, v := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(h) == 0 || h[0] != "TcpExt:" || len(h) != len(v) {
+			continue
+		}
+		for j, name := range h {
+			if name == "TCPRcvQDrop" {
+				n, _ := strconv.ParseUint(v[j], 10, 64)
+				return n
+			}
+		}
+	}
+	t.Fatalf("no TcpExt TCPRcvQDrop in pod %s's /proc/net/netstat", p.Name)
+	return 0
+}
