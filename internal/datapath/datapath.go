@@ -116,6 +116,9 @@ func loadSpec(f *Features, want Settings) (*ebpf.CollectionSpec, Settings, error
 	if err := want.Validate(); err != nil {
 		return nil, Settings{}, err
 	}
+	if want.BacklogValve.On() && !f.ValveFit() {
+		return nil, Settings{}, fmt.Errorf("--slow-readers valve: kernel %s is older than 6.13, the first to charge redirected bytes to their reader, and on 6.12 the valve let a writer redirect past its reader's SO_RCVBUF: use --slow-readers tcp", f.Kernel)
+	}
 	spec, err := loadBypass()
 	if err != nil {
 		return nil, Settings{}, fmt.Errorf("loading embedded BPF object: %w", err)

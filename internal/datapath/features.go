@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -71,6 +72,29 @@ func (f Features) Summary() string {
 	}
 	return fmt.Sprintf("kptr_untrusted %v, kptr in hash maps %v, sk_psock.msg_tot_len %v; adapted: %s; sockmap bugs found: %s",
 		f.KptrUntrusted, f.HashKptr, f.PsockMsgTotLen, strings.Join(adapted, "; "), strings.Join(bugs, ", "))
+}
+
+// ValveFit reports whether the valve (--slow-readers valve) holds a
+// reader's queue on this kernel: from 6.13, the first to charge redirected
+// bytes to their reader. Measured on 6.18; on Debian's 6.12 the valve let
+// a writer redirect far past its sleeping reader's SO_RCVBUF (the kernel
+// matrix, TestSlowReaderValve).
+func (f Features) ValveFit() bool { return kernelAtLeast(f.Kernel, 6, 13) }
+
+// kernelAtLeast reports whether a kernel release ("6.12.117+deb12-cloud-
+// amd64") is major.minor or later; one it cannot read is not.
+func kernelAtLeast(release string, major, minor int) bool {
+	parts := strings.SplitN(release, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	digits := func(s string) string { return s[:len(s)-len(strings.TrimLeft(s, "0123456789"))] }
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(digits(parts[1]))
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }
 
 // ProbeFeatures probes the running kernel.

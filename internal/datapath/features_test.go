@@ -56,3 +56,24 @@ func TestProbeFeatures(t *testing.T) {
 		t.Errorf("an unknown tag probed as a kptr: %v %v", ok, err)
 	}
 }
+
+func TestKernelAtLeast(t *testing.T) {
+	for _, tt := range []struct {
+		release string
+		want    bool
+	}{
+		{"6.18.0-1-cloud-amd64", true},
+		{"6.13.0", true},
+		{"7.0.1", true},
+		{"6.12.117+deb12-cloud-amd64", false},
+		{"6.1.0-56-cloud-amd64", false},
+		{"5.10.0-32-cloud-amd64", false},
+		{"6.13-rc1", true},
+		{"", false},
+		{"six.thirteen", false},
+	} {
+		if got := kernelAtLeast(tt.release, 6, 13); got != tt.want {
+			t.Errorf("kernelAtLeast(%q, 6, 13) = %v, want %v", tt.release, got, tt.want)
+		}
+	}
+}

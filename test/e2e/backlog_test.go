@@ -45,17 +45,28 @@ func TestBacklogGrace(t *testing.T) {
 		{"over twice the limit", "300ms", 40, "0s", 1, 32 * msg, 34 * msg},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			listen := fmt.Sprintf("0.0.0.0:%d", 7400+i)
-			start(t, srv, in.Bin, "peer", "sink", listen, "--delay", tc.delay)
-			waitPort(t, srv, listen)
-			before := in.Counters()
-			st := start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, 7400+i),
-				"--size", fmt.Sprint(msg), "--count", fmt.Sprint(tc.count), "--interval", tc.interval)
-			// stream fails unless the sink counted every byte sent.
-			if err := st.wait(t, time.Minute); err != nil {
-				t.Fatalf("stream: %v: %s", err, st.err.String())
+			var d map[string]uint64
+			// A client that sends before its server joined stays on
+			// TCP (fallback_peer_not_ready), which an emulated CPU
+			// (the kernel matrix) sometimes makes happen: such a run
+			// says nothing of the backlog, so it is run again.
+			for attempt := 0; attempt < 3; attempt++ {
+				port := 7400 + i + 10*attempt
+				listen := fmt.Sprintf("0.0.0.0:%d", port)
+				start(t, srv, in.Bin, "peer", "sink", listen, "--delay", tc.delay)
+				waitPort(t, srv, listen)
+				before := in.Counters()
+				st := start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, port),
+					"--size", fmt.Sprint(msg), "--count", fmt.Sprint(tc.count), "--interval", tc.interval)
+				// stream fails unless the sink counted every byte sent.
+				if err := st.wait(t, time.Minute); err != nil {
+					t.Fatalf("stream: %v: %s", err, st.err.String())
+				}
+				if d = testutil.Delta(before, in.Counters()); d["fallback_peer_not_ready"] == 0 {
+					break
+				}
+				t.Logf("the client sent before its server joined: run again (deltas: %v)", nonzero(d))
 			}
-			d := testutil.Delta(before, in.Counters())
 			if !ks.Kernel.PsockMsgTotLen {
 				tc.fallback, tc.minRedirected, tc.maxRedirected = 0, uint64(tc.count)*msg, uint64(tc.count)*msg+64
 			}

@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // TestSlowReaderValve: with --slow-readers valve a writer whose reader
@@ -30,6 +32,17 @@ func TestSlowReaderValve(t *testing.T) {
 		valve bool
 	}{{"valve", true}, {"tcp", false}} {
 		t.Run(tc.mode, func(t *testing.T) {
+			if tc.valve && !valveKernel(t) {
+				// Refused, by name, before anything is loaded.
+				b := testutil.Bed(t)
+				in := testutil.NewInstance(t)
+				p := testutil.Pod(t, b, "server")
+				out, err := in.Run("attach", "--cgroup", p.Cgroup, "--slow-readers", "valve")
+				if err == nil || !strings.Contains(out, "--slow-readers valve: kernel") || !strings.Contains(out, "use --slow-readers tcp") {
+					t.Fatalf("attach --slow-readers valve on a kernel before 6.13: %v\n%s", err, out)
+				}
+				t.Skipf("the valve is refused on this kernel, as it should be: %s", strings.TrimSpace(out))
+			}
 			_, in, srv, cli := serverClient(t, "--slow-readers", tc.mode, "--backlog-limit", "1048576")
 			if !readStatus(t, in).Kernel.PsockMsgTotLen {
 				t.Skip("this kernel's sk_psock does not count queued bytes: neither rule can see a reader's queue")
@@ -95,6 +108,17 @@ func TestSlowReaderValve(t *testing.T) {
 			})
 		})
 	}
+}
+
+// valveKernel reports whether this kernel is one the valve runs on (6.13
+// and later, datapath.Features.ValveFit).
+func valveKernel(t *testing.T) bool {
+	t.Helper()
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	return datapath.Features{Kernel: unix.ByteSliceToString(uts.Release[:])}.ValveFit()
 }
 
 var skmemRE = regexp.MustCompile(`skmem:\(r(\d+),rb(\d+),`)
