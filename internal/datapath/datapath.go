@@ -82,6 +82,13 @@ func Open(cfg Config) (*Datapath, error) {
 	} else if err := CheckKernel(); err != nil {
 		return nil, err
 	}
+	f, err := ProbeFeatures()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Settings.BacklogValve.On() && !f.ValveFit() {
+		return nil, fmt.Errorf("--slow-readers valve: kernel %s is older than 6.13, the first to charge redirected bytes to their reader, and on 6.12 the valve let a writer redirect past its reader's SO_RCVBUF: use --slow-readers tcp", f.Kernel)
+	}
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating pin directory: %w", err)
 	}
@@ -89,10 +96,6 @@ func Open(cfg Config) (*Datapath, error) {
 	// also for a directory made by someone else.
 	if err := os.Chmod(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("restricting pin directory %s to root: %w", cfg.PinDir, err)
-	}
-	f, err := ProbeFeatures()
-	if err != nil {
-		return nil, err
 	}
 	d, err := open(cfg, f)
 	if err != nil {
@@ -115,9 +118,6 @@ func Open(cfg Config) (*Datapath, error) {
 func loadSpec(f *Features, want Settings) (*ebpf.CollectionSpec, Settings, error) {
 	if err := want.Validate(); err != nil {
 		return nil, Settings{}, err
-	}
-	if want.BacklogValve.On() && !f.ValveFit() {
-		return nil, Settings{}, fmt.Errorf("--slow-readers valve: kernel %s is older than 6.13, the first to charge redirected bytes to their reader, and on 6.12 the valve let a writer redirect past its reader's SO_RCVBUF: use --slow-readers tcp", f.Kernel)
 	}
 	spec, err := loadBypass()
 	if err != nil {

@@ -27,6 +27,16 @@ func TestSettingsReadBack(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
+			if f, err := ProbeFeatures(); err == nil && want.BacklogValve.On() && !f.ValveFit() {
+				// Refused by name on a kernel before 6.13, nothing pinned.
+				if _, err := Open(Config{PinDir: dir, Settings: want}); err == nil || !strings.Contains(err.Error(), "--slow-readers valve: kernel") {
+					t.Fatalf("the valve on kernel %s: %v, want refused", f.Kernel, err)
+				}
+				if _, err := os.Stat(dir); !os.IsNotExist(err) {
+					t.Fatalf("a refused load left %s: %v", dir, err)
+				}
+				want.BacklogValve = ModeOff
+			}
 			dp := testDatapathWith(t, Config{PinDir: dir, Settings: want})
 			got, err := dp.Settings()
 			if err == nil {
