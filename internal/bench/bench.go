@@ -113,7 +113,7 @@ type Options struct {
 	// bypass (by default they move to TCP: see datapath.Config).
 	BypassSmallStreams bool
 	// SlowReadersValve pushes a writer whose reader falls behind back
-	// through TCP instead of moving it there (see datapath.Config).
+	// through TCP instead of moving it there (see datapath.Settings).
 	SlowReadersValve bool
 	// DefaultSettings loads the datapath as the agent does by default
 	// (blocking readers decided per process, as the kernel's bugs say)
@@ -207,9 +207,6 @@ type Report struct {
 	// BypassSmallStreams: streams of small sends stayed in the bypass
 	// (--bypass-small-streams).
 	BypassSmallStreams bool `json:"bypass_small_streams,omitempty"`
-	// SlowReadersValve: writers ahead of their readers were pushed back
-	// through TCP (--slow-readers-valve).
-	SlowReadersValve bool `json:"slow_readers_valve,omitempty"`
 	// DefaultSettings: the datapath ran with the agent's defaults
 	// (--default-settings).
 	DefaultSettings bool `json:"default_settings,omitempty"`
@@ -349,7 +346,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 
 	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief,
-		BypassSmallStreams: o.BypassSmallStreams, SlowReadersValve: o.SlowReadersValve, DefaultSettings: o.DefaultSettings, Scenarios: map[string]string{}}
+		BypassSmallStreams: o.BypassSmallStreams, DefaultSettings: o.DefaultSettings, Scenarios: map[string]string{}}
 	if rep.Settings, err = dp.Settings(); err != nil {
 		return nil, fmt.Errorf("reading the datapath's settings: %w", err)
 	}

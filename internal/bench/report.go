@@ -74,8 +74,8 @@ func (r *Report) Markdown(w io.Writer) {
 	if r.BypassSmallStreams {
 		fmt.Fprintln(w, "Fast one-way streams of small sends stayed in the bypass (--bypass-small-streams).")
 	}
-	if r.SlowReadersValve {
-		fmt.Fprintln(w, "Writers ahead of their readers were pushed back through TCP (--slow-readers-valve).")
+	if r.Settings.BacklogValve.On() {
+		fmt.Fprintln(w, "Writers ahead of their readers were pushed back through TCP while the readers caught up (the valve: --slow-readers-valve).")
 	}
 	if !r.BPFStats {
 		fmt.Fprintln(w, "BPF run-time statistics were off (--bpf-stats=false): no per-program cost is reported.")

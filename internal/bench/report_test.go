@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/socklane/socklane/internal/datapath"
 )
 
 // TestMarkdownNotes checks the report's notes that depend on what the run
@@ -29,7 +31,7 @@ func TestMarkdownNotes(t *testing.T) {
 			name:     "no fallback, statistics on",
 			rep:      Report{BPFStats: true, Cases: []*Case{stream(0, 0, 0)}},
 			want:     []string{"### iperf3 throughput, pod-to-pod, same-cpu"},
-			dontWant: []string{"moved to TCP", "statistics were off"},
+			dontWant: []string{"moved to TCP", "statistics were off", "the valve"},
 		},
 		{
 			name: "fallback in two runs of three",
@@ -37,9 +39,9 @@ func TestMarkdownNotes(t *testing.T) {
 			want: []string{"### Bypass runs that moved to TCP", "| iperf3 throughput | 16384 | pod-to-pod | same-cpu | 2 of 3 | 3 | 0 |"},
 		},
 		{
-			name: "small streams and backlog",
-			rep:  Report{BPFStats: true, Cases: []*Case{stream(10, 21, 0, 0)}},
-			want: []string{"### Bypass runs that moved to TCP", "| iperf3 throughput | 16384 | pod-to-pod | same-cpu | 2 of 4 | 1 | 3 |"},
+			name: "small streams and backlog, the valve",
+			rep:  Report{BPFStats: true, Cases: []*Case{stream(10, 21, 0, 0)}, Settings: datapath.Settings{BacklogValve: datapath.ModeOn}},
+			want: []string{"### Bypass runs that moved to TCP", "| iperf3 throughput | 16384 | pod-to-pod | same-cpu | 2 of 4 | 1 | 3 |", "pushed back through TCP while the readers caught up (the valve"},
 		},
 		{
 			name:     "statistics off",

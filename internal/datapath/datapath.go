@@ -309,6 +309,11 @@ func tcpRmemMax() uint32 {
 // Programs returns the datapath's programs (for their kernel statistics).
 func (d *Datapath) Programs() []*ebpf.Program {
 	out := []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg, d.objs.SlRelease}
+	// The valve's verdict is held by sl_sockhash, not pinned: a datapath
+	// that adopted the pins has none to read.
+	if d.objs.SlSkb != nil {
+		out = append(out, d.objs.SlSkb)
+	}
 	for _, p := range d.lbPrograms() {
 		if *p != nil {
 			out = append(out, *p)

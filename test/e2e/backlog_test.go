@@ -16,9 +16,11 @@ import (
 // grace, or over twice the limit, it moves to TCP, and every byte still
 // arrives. Limit 1 MiB; the sink starts reading only after --delay. On a
 // kernel whose sk_psock does not count queued bytes (6.1) the rule is off,
-// as status says: everything stays in the bypass and still arrives.
+// as status says: everything stays in the bypass and still arrives. The
+// rule is --slow-readers tcp's (the valve, the default from 6.13, pushes
+// the writer back instead: TestSlowReaderValve).
 func TestBacklogGrace(t *testing.T) {
-	_, in, srv, cli := serverClient(t, "--backlog-limit", "1048576")
+	_, in, srv, cli := serverClient(t, "--slow-readers", "tcp", "--backlog-limit", "1048576")
 	ks := readStatus(t, in)
 	if !ks.Kernel.PsockMsgTotLen {
 		t.Logf("this kernel's sk_psock does not count queued bytes: the rule is off (%q)", ks.Adapted)
@@ -98,7 +100,7 @@ func TestBacklogGrace(t *testing.T) {
 // fails if FIONREAD says 0 for 2 s with bytes queued. Without the timer
 // it failed so: the socket stayed in the map, as nothing made it transmit.
 func TestBacklogReceiverLeaves(t *testing.T) {
-	_, in, srv, cli := serverClient(t, "--backlog-limit", "1048576")
+	_, in, srv, cli := serverClient(t, "--slow-readers", "tcp", "--backlog-limit", "1048576")
 	if !readStatus(t, in).Kernel.PsockMsgTotLen || fionreadBypassed(t, in) {
 		// 6.1: no backlog rule (nothing moves to TCP, no socket waits to
 		// leave), and FIONREAD answers 0 for redirected bytes anyway.
@@ -141,7 +143,7 @@ func TestBacklogReceiverLeaves(t *testing.T) {
 // streams complete and its timers are back.
 func TestEvictTimerQuota(t *testing.T) {
 	const quota, conns = 4, 12
-	b, in, srv, cli := serverClient(t, "--backlog-limit", "1048576", "--owner-evict-timers", fmt.Sprint(quota))
+	b, in, srv, cli := serverClient(t, "--slow-readers", "tcp", "--backlog-limit", "1048576", "--owner-evict-timers", fmt.Sprint(quota))
 	if !readStatus(t, in).Kernel.PsockMsgTotLen || fionreadBypassed(t, in) {
 		t.Log("this kernel neither counts queued bytes nor answers FIONREAD for redirected ones: no move to TCP to leave after")
 		return

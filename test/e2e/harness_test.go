@@ -33,6 +33,7 @@ var (
 	integrityConns   = flag.Int("integrity.conns", 64, "concurrent connections in integrity tests")
 	integrityBacklog = flag.Int("integrity.backlog", 1<<20, "--backlog-limit for TestBypassIntegrity (0: tcp_rmem max)")
 	integrityWindow  = flag.Int("integrity.window", 4096, "--verdict-window for TestBypassIntegrity")
+	integrityReaders = flag.String("integrity.slow-readers", "", "--slow-readers for TestBypassIntegrity (empty: the default)")
 	integrityBytes   = flag.Int64("integrity.bytes", 512<<10, "average bytes per side per connection (64 conns x 2 x this = run size; 8MiB moves ~1GiB)")
 )
 
