@@ -358,7 +358,7 @@ func TestLargeSendWindows(t *testing.T) {
 			d["redirect_msgs"], d["redirect_windows"], size, write, most, least)
 	}
 	// Every byte counted once: redirected, or passed to TCP while the
-	// valve (the default from 6.13) held a writer ahead of its reader.
+	// valve (--slow-readers valve) held a writer ahead of its reader.
 	if d["redirect_bytes"]+d["pass_bytes"] != 2*size || d["valve_opens"] == 0 && d["pass_bytes"] != 0 {
 		t.Errorf("counted %d bytes redirected and %d through TCP (valve opened %d times), want exactly %d in all, none through TCP without the valve",
 			d["redirect_bytes"], d["pass_bytes"], d["valve_opens"], 2*size)

@@ -17,8 +17,8 @@ import (
 // arrives. Limit 1 MiB; the sink starts reading only after --delay. On a
 // kernel whose sk_psock does not count queued bytes (6.1) the rule is off,
 // as status says: everything stays in the bypass and still arrives. The
-// rule is --slow-readers tcp's (the valve, the default from 6.13, pushes
-// the writer back instead: TestSlowReaderValve).
+// rule is --slow-readers tcp's, asked for by name (the valve pushes the
+// writer back instead: TestSlowReaderValve).
 func TestBacklogGrace(t *testing.T) {
 	_, in, srv, cli := serverClient(t, "--slow-readers", "tcp", "--backlog-limit", "1048576")
 	ks := readStatus(t, in)

@@ -20,8 +20,8 @@ import (
 // every scenario and checks each byte (SHA-256 against what was sent) and
 // the kernel counters. The I/O is epoll-driven; see TestBlockingIO for
 // blocking sockets. The slow receivers push their senders back onto TCP
-// mid-stream: through the valve where the kernel runs it (the default),
-// elsewhere past the backlog limit, which is low.
+// mid-stream: past the backlog limit, which is low, or through the valve
+// where it is loaded (-integrity.slow-readers valve).
 func TestBypassIntegrity(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -87,7 +87,7 @@ func TestBypassIntegrity(t *testing.T) {
 			mustEqual(t, d, "err_sockhash", 0)
 			mustEqual(t, d, "err_conn_table_full", 0)
 			// Slow receivers' writers were pushed back through TCP by
-			// the valve (the default from 6.13), or went over the 1 MiB
+			// the valve (where asked for), or went over the 1 MiB
 			// limit and moved to TCP, and their bytes kept order across
 			// the switches (where the kernel counts queued bytes;
 			// elsewhere the rule is off and they all stay in the bypass).
