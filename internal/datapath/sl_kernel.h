@@ -35,8 +35,13 @@ struct sock_cgroup_data {
 	struct cgroup *cgroup;
 } __attribute__((preserve_access_index));
 
+struct sk_buff_head {
+	__u32 qlen;
+} __attribute__((preserve_access_index));
+
 struct sock {
 	struct sock_common __sk_common;
+	struct sk_buff_head sk_receive_queue;
 	void *sk_user_data;
 	int sk_rcvbuf;
 	struct socket *sk_socket;
@@ -63,9 +68,6 @@ struct list_head {
 
 /* msg_tot_len is recent (the sockmap FIONREAD fixes); ingress_msg, the
  * queue it counts, is not. */
-struct sk_buff_head {
-	__u32 qlen;
-} __attribute__((preserve_access_index));
 
 /* ingress_skb: TCP's bytes an sk_skb verdict passed to the socket that
  * wait for the psock's worker to join ingress_msg. */
@@ -175,16 +177,20 @@ static __always_inline int peer_may_redirect(struct sock *sk)
 	return left || refs > 1;
 }
 
-/* Whether TCP's bytes for sk wait for its psock's worker (an sk_skb
- * verdict passed them while the queue could not take them at once): a
- * redirect now would overtake them. */
-static __always_inline int psock_skbs_waiting(struct sock *sk)
+/* Whether TCP's bytes for sk have arrived but are not in its psock's
+ * queue: waiting for the psock's worker (an sk_skb verdict passed them
+ * while the queue could not take them at once), or still in TCP's receive
+ * queue, where they stay until the application has accepted the socket
+ * (the sk_skb verdict runs from data_ready, which does nothing for a
+ * socket with no file yet). A redirect now would overtake them. */
+static __always_inline int tcp_bytes_waiting(struct sock *sk)
 {
 	struct sk_psock *ps = psock_of(sk);
-	__u32 n = 0;
+	__u32 n = 0, q = 0;
 	if (ps)
 		bpf_core_read(&n, sizeof(n), &ps->ingress_skb.qlen);
-	return n != 0;
+	bpf_core_read(&q, sizeof(q), &sk->sk_receive_queue.qlen);
+	return n || q;
 }
 
 /* The next sequence number sk's TCP expects: every byte its peer sent

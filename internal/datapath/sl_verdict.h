@@ -159,9 +159,10 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
  * opens before the queue gets there; TCP's window and send buffer then
  * pace the writer, and TCP's bytes join the redirected ones in the
  * receiver's queue (the sk_skb verdict), in order and counted by FIONREAD.
- * It closes once the peer's TCP has every byte sent through it, none of
- * them waits for the psock's worker (a redirect would overtake them), and
- * the queue is under half the limit. */
+ * It closes once the peer's TCP has every byte sent through it, each of
+ * them is in the peer's psock queue or read (none waits in TCP's receive
+ * queue or for the psock's worker: a redirect would overtake it), and the
+ * queue is under half the limit. */
 static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, __u32 len)
 {
 	struct sock *peer = member_sock(st->slot, st->role ^ 1);
@@ -173,7 +174,7 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 	if (st->valve) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
 		if (!tp || queued > limit / 2 || queued + len > limit || tcp_rcv_nxt(peer) != tp->write_seq ||
-		    psock_skbs_waiting(peer))
+		    tcp_bytes_waiting(peer))
 			return 0;
 		st->valve = 0;
 		count(SL_C_VALVE_CLOSES, 1);

@@ -27,36 +27,50 @@ func TestBypassIntegrity(t *testing.T) {
 		name  string
 		setup func(t *testing.T, b *testbed.Bed) (srv, cli *testbed.Pod, listen, target string)
 		extra []string
+		// valve: the datapath loads the valve (where the kernel runs
+		// it; the case is skipped elsewhere).
+		valve bool
 	}{
 		{"pod to pod IPv4", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, nil},
+		}, nil, false},
 		{"pod to pod IPv6", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			return s, c, "[::]:9000", netip.AddrPortFrom(s.IPv6, 9000).String()
-		}, nil},
+		}, nil, false},
 		{"dual-stack server, IPv4 client", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			return s, c, "[::]:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, nil},
+		}, nil, false},
 		{"host to pod", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.HostPod(t, b, "host")
 			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, nil},
+		}, nil, false},
 		// Every write below the verdict window: most bytes move under a
 		// verdict that covered earlier sends, across fallbacks and resets.
 		{"small writes under verdict windows", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, []string{"--max-msg", "2048"}},
+		}, []string{"--max-msg", "2048"}, false},
+		// Slow receivers' writers pushed back through TCP, and connections
+		// whose first write opens the valve before their server accepted.
+		{"pod to pod IPv4 through the valve", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
+			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
+		}, nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := testutil.Bed(t)
 			in := testutil.NewInstance(t)
 			in.Settings = append(in.Settings, "--backlog-limit", strconv.Itoa(*integrityBacklog), "--verdict-window", strconv.Itoa(*integrityWindow))
-			if *integrityReaders != "" {
+			switch {
+			case tt.valve && !valveKernel(t):
+				t.Skip("the valve needs Linux 6.13 (TestSlowReaderValve checks its refusal)")
+			case tt.valve:
+				in.Settings = append(in.Settings, "--slow-readers", "valve")
+			case *integrityReaders != "":
 				in.Settings = append(in.Settings, "--slow-readers", *integrityReaders)
 			}
 			srv, cli, listen, target := tt.setup(t, b)
