@@ -67,10 +67,9 @@ struct list_head {
 } __attribute__((preserve_access_index));
 
 /* msg_tot_len is recent (the sockmap FIONREAD fixes); ingress_msg, the
- * queue it counts, is not. */
-
-/* ingress_skb: TCP's bytes an sk_skb verdict passed to the socket that
- * wait for the psock's worker to join ingress_msg. */
+ * queue it counts, is not. ingress_skb: TCP's bytes an sk_skb verdict
+ * passed to the socket that wait for the psock's worker to join
+ * ingress_msg. */
 struct sk_psock {
 	__u32 apply_bytes;
 	__u32 msg_tot_len;

@@ -23,6 +23,10 @@ import (
 // mid-stream: past the backlog limit, which is low, or through the valve
 // where it is loaded (-integrity.slow-readers valve).
 func TestBypassIntegrity(t *testing.T) {
+	podsV4 := func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
+		s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+		return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
+	}
 	tests := []struct {
 		name  string
 		setup func(t *testing.T, b *testbed.Bed) (srv, cli *testbed.Pod, listen, target string)
@@ -31,10 +35,7 @@ func TestBypassIntegrity(t *testing.T) {
 		// it; the case is skipped elsewhere).
 		valve bool
 	}{
-		{"pod to pod IPv4", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
-			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, nil, false},
+		{"pod to pod IPv4", podsV4, nil, false},
 		{"pod to pod IPv6", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
 			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
 			return s, c, "[::]:9000", netip.AddrPortFrom(s.IPv6, 9000).String()
@@ -49,16 +50,10 @@ func TestBypassIntegrity(t *testing.T) {
 		}, nil, false},
 		// Every write below the verdict window: most bytes move under a
 		// verdict that covered earlier sends, across fallbacks and resets.
-		{"small writes under verdict windows", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
-			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, []string{"--max-msg", "2048"}, false},
+		{"small writes under verdict windows", podsV4, []string{"--max-msg", "2048"}, false},
 		// Slow receivers' writers pushed back through TCP, and connections
 		// whose first write opens the valve before their server accepted.
-		{"pod to pod IPv4 through the valve", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
-			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, nil, true},
+		{"pod to pod IPv4 through the valve", podsV4, nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
