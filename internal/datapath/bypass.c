@@ -409,6 +409,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 			 * attached (the map lets go of it after this callback). */
 			if (st->win_left)
 				credit_window(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
+			valve_credit(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk), skops->args[0]);
 			if (sl_settings.bypass_brief != SL_MODE_ON && st->role == SL_ROLE_CLIENT)
 				brief_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
@@ -553,6 +554,9 @@ int sl_msg(struct sk_msg_md *msg)
 	 * previous verdict opened: its rest was redirected, count it now. */
 	__u64 redirected = st->win_left;
 	st->win_left = 0;
+	/* What TCP took since the open valve last passed a send. */
+	if (st->valve_mark)
+		valve_credit(st, c, (struct sock *)bpf_skc_to_tcp_sock(msg->sk), BPF_TCP_ESTABLISHED);
 	/* Where this message starts in its direction's byte stream. */
 	__u64 offset = c->bytes[dir] + c->tcp_bytes[dir] + redirected;
 
@@ -613,11 +617,20 @@ int sl_msg(struct sk_msg_md *msg)
 	}
 	c->bytes[dir] += redirected;
 	c->tcp_msgs[dir]++;
-	c->tcp_bytes[dir] += len;
+	/* Still bypassed, yet passed: the open valve's, counted from TCP's
+	 * write_seq at the next run or the close (valve_credit). */
+	struct tcp_sock *tp = st->path == SL_PATH_BYPASS ? bpf_skc_to_tcp_sock(msg->sk) : 0;
+	if (tp) {
+		st->valve_seq = tp->write_seq;
+		st->valve_mark = 1;
+	} else {
+		c->tcp_bytes[dir] += len;
+	}
 	if (cnt) {
 		cnt->c[SL_C_REDIRECT_BYTES] += redirected;
 		cnt->c[SL_C_PASS_MSGS]++;
-		cnt->c[SL_C_PASS_BYTES] += len;
+		if (!tp)
+			cnt->c[SL_C_PASS_BYTES] += len;
 		if (reason && reason < SL_C_MAX)
 			cnt->c[reason]++;
 	}
@@ -639,13 +652,16 @@ SEC("cgroup/sock_release")
 int sl_release(struct bpf_sock *sk)
 {
 	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, 0);
-	if (!st || st->slot == SL_NO_SLOT || !st->win_left)
+	if (!st || st->slot == SL_NO_SLOT || (!st->win_left && !st->valve_mark))
 		return 1;
 	struct sl_conn *c = conn_of(st->slot);
 	/* This program type has no helper from bpf_sock to struct sock; the
 	 * connection table holds the socket itself. */
-	if (c && word_gen(c->word) == st->gen)
-		credit_window(st, c, member_sock(st->slot, st->role));
+	if (c && word_gen(c->word) == st->gen) {
+		struct sock *self = member_sock(st->slot, st->role);
+		credit_window(st, c, self);
+		valve_credit(st, c, self, sk->state);
+	}
 	return 1;
 }
 /* Run by the agent's sweep (BPF_PROG_TEST_RUN) for a slot whose member

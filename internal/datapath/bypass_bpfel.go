@@ -140,12 +140,13 @@ const (
 	bypassSlCounterSL_C_FALLBACK_OPTED_OUT      bypassSlCounter = 34
 	bypassSlCounterSL_C_VALVE_OPENS             bypassSlCounter = 35
 	bypassSlCounterSL_C_VALVE_CLOSES            bypassSlCounter = 36
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 37
+	bypassSlCounterSL_C_VALVE_BYTES             bypassSlCounter = 37
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 38
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [37]uint64
+	C [38]uint64
 }
 
 type bypassSlDefaults uint32
@@ -238,7 +239,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 32
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 33
 )
 
 type bypassSlListener struct {
@@ -366,7 +367,8 @@ type bypassSlSock struct {
 	Streak    uint8
 	Valve     uint8
 	Lowat     uint8
-	Pad2      uint8
+	ValveMark uint8
+	ValveSeq  uint32
 }
 
 type bypassSlTuple struct {

@@ -55,6 +55,7 @@ enum sl_counter {
 	SL_C_VALVE_OPENS,             /* a receiver's queue neared its SO_RCVBUF: its writer's sends pass
 				       * to TCP (--slow-readers valve) */
 	SL_C_VALVE_CLOSES,            /* the receiver caught up: its writer's sends are redirected again */
+	SL_C_VALVE_BYTES,             /* bytes the open valve passed to TCP (in pass_bytes too) */
 	SL_C_MAX,
 };
 
@@ -64,7 +65,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 32,
+	SL_LAYOUT_VERSION = 33,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

@@ -29,6 +29,30 @@ static __always_inline void credit_window(struct sl_sock *st, struct sl_conn *c,
 	st->win_left = 0;
 }
 
+/* Counts what sk's TCP took since the open valve last passed one of its
+ * sends (st->valve_mark): a send is counted from TCP's write_seq, not
+ * from what sl_msg saw, because the kernel passes the next send without
+ * running sl_msg after a pass whose push failed (a non-blocking writer's
+ * EAGAIN leaves the pass verdict standing), and a failed push takes less
+ * than the send. Runs at the next sl_msg run and at the close. */
+static __always_inline void valve_credit(struct sl_sock *st, struct sl_conn *c, struct sock *sk, __u32 state)
+{
+	if (!st->valve_mark || !sk)
+		return;
+	__u32 seq = 0;
+	bpf_core_read(&seq, sizeof(seq), &((struct tcp_sock *)sk)->write_seq);
+	__u32 n = seq - st->valve_seq;
+	/* A socket in state (the one it closes from) that sent its FIN: the
+	 * FIN took a sequence number, not a byte. */
+	if (n && (state == BPF_TCP_FIN_WAIT1 || state == BPF_TCP_FIN_WAIT2 || state == BPF_TCP_TIME_WAIT ||
+		  state == BPF_TCP_LAST_ACK || state == BPF_TCP_CLOSING))
+		n--;
+	st->valve_mark = 0;
+	c->tcp_bytes[st->role & 1] += n;
+	count(SL_C_PASS_BYTES, n);
+	count(SL_C_VALVE_BYTES, n);
+}
+
 /* Deletes a waiting socket's timer entry (key id, value v) and returns the
  * timer to its owner; only the deleter that wins returns it. */
 static __always_inline void evict_timer_drop(__u32 *id, struct sl_evict_timer *v)

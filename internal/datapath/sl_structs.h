@@ -189,7 +189,9 @@ struct sl_sock {
 			  * caught up (valve_room) */
 	__u8 lowat;      /* enum sl_lowat: the TCP_NOTSENT_LOWAT the open valve
 			  * needs, set by socklane or the application's own */
-	__u8 pad2;
+	__u8 valve_mark; /* the open valve passed a send: what TCP took since
+			  * valve_seq is not counted yet (valve_credit) */
+	__u32 valve_seq; /* write_seq when the open valve last passed a send */
 };
 
 /* A socket waiting to leave the map (sl_evict_timers, keyed by its key in

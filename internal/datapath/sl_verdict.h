@@ -159,6 +159,12 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
  * opens before the queue gets there; TCP's window and send buffer then
  * pace the writer, and TCP's bytes join the redirected ones in the
  * receiver's queue (the sk_skb verdict), in order and counted by FIONREAD.
+ * A send into a queue at most half the limit is redirected whatever its
+ * size (a request or response larger than the limit keeps the bypass
+ * while its reader keeps up): the queue is bounded by half the limit plus
+ * one send, which the kernel caps at MAX_MSG_FRAGS page fragments (about
+ * half a MiB); TCP's bytes arriving past SO_RCVBUF then raise it
+ * (tcp_clamp_window) rather than being dropped, and the limit with it.
  * It closes once the peer's TCP has every byte sent through it, each of
  * them is in the peer's psock queue or read (none waits in TCP's receive
  * queue or for the psock's worker: a redirect would overtake it), and the
@@ -173,17 +179,16 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
 	if (st->valve) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
-		if (!tp || queued > limit / 2 || queued + len > limit || tcp_rcv_nxt(peer) != tp->write_seq ||
-		    tcp_bytes_waiting(peer))
+		if (!tp || queued > limit / 2 || tcp_rcv_nxt(peer) != tp->write_seq || tcp_bytes_waiting(peer))
 			return 0;
 		st->valve = 0;
 		count(SL_C_VALVE_CLOSES, 1);
-	} else if (queued + len > limit) {
+	} else if (queued + len > limit && queued > limit / 2) {
 		st->valve = 1;
 		count(SL_C_VALVE_OPENS, 1);
 		return 0;
 	}
-	return limit - queued;
+	return queued < limit ? limit - queued : 1;
 }
 
 /* Whether the direction of st streams small sends one way, fast enough

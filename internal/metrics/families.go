@@ -37,6 +37,7 @@ var (
 	famCapDropped    = family{"capture_dropped_total", "Bypassed messages a running capture missed, by reason: ring_full (the reader fell behind) or rate_limit.", prometheus.CounterValue, []string{"reason"}}
 	famQuota         = family{"quota_refusals_total", "Entries of node-wide tables refused to an owner (a cgroup) holding its quota, by table; `socklane status` names the owners.", prometheus.CounterValue, []string{"table"}}
 	famBlockingQuiet = family{"blocking_quiet_total", "Decisions that let an end reading in blocking mode into the bypass because its process handles no signal that can interrupt a read (--blocking-sockets per-process); such ends are otherwise kept on TCP (fallbacks_total{reason=\"blocking\"}).", prometheus.CounterValue, nil}
+	famValveBytes    = family{"valve_passed_bytes_total", "Bytes of bypassed connections the open valve passed to TCP while their reader caught up (--slow-readers valve; also in passed_bytes_total).", prometheus.CounterValue, nil}
 	famValve         = family{"valve_total", "Valve transitions (--slow-readers valve), by event: opens (a reader's queue neared its SO_RCVBUF: its writer's sends pass to TCP, whose window paces it) and closes (the reader caught up: the sends are redirected again).", prometheus.CounterValue, []string{"event"}}
 	famSockets       = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
 
@@ -58,7 +59,7 @@ var (
 
 var families = []family{
 	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
-	famFallbacks, famBlockingQuiet, famValve, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
+	famFallbacks, famBlockingQuiet, famValve, famValveBytes, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
 	famPolEvents, famPolVerdict, famPortEvents,
@@ -111,6 +112,7 @@ var bypassCounters = map[string]counterRef{
 	"fallback_opted_out":      {famFallbacks, "opted_out"},
 	"valve_opens":             {famValve, "opens"},
 	"valve_closes":            {famValve, "closes"},
+	"valve_bytes":             {famValveBytes, ""},
 }
 
 // lbCounters does the same for enum sl_lb_counter.

@@ -96,10 +96,16 @@ func TestAgentMetrics(t *testing.T) {
 		}
 	}
 	after := scrape()
-	// The stream's bytes one way, and the sink's 8-byte count back.
+	// The stream's bytes one way, and the sink's 8-byte count back:
+	// redirected, or passed to TCP by the valve while the sink caught up.
 	want := float64(size*count + 8)
-	if got := after["socklane_redirected_bytes_total"] - before["socklane_redirected_bytes_total"]; got != want {
-		t.Errorf("socklane_redirected_bytes_total moved by %v, want %v (the bytes sent)", got, want)
+	redirected := after["socklane_redirected_bytes_total"] - before["socklane_redirected_bytes_total"]
+	valved := after["socklane_valve_passed_bytes_total"] - before["socklane_valve_passed_bytes_total"]
+	if redirected+valved != want {
+		t.Errorf("socklane_redirected_bytes_total moved by %v and socklane_valve_passed_bytes_total by %v, want %v in all (the bytes sent)", redirected, valved, want)
+	}
+	if passed := after["socklane_passed_bytes_total"] - before["socklane_passed_bytes_total"]; passed != valved {
+		t.Errorf("socklane_passed_bytes_total moved by %v, want the valve's %v", passed, valved)
 	}
 	if d := after["socklane_connections_decided_total,path=bypass"] - before["socklane_connections_decided_total,path=bypass"]; d != 1 {
 		t.Errorf("bypassed connections moved by %v, want 1", d)
