@@ -52,8 +52,9 @@ const (
 )
 
 // DefaultSettings are what a load asks for when nothing is given: the
-// bypass and blocking readers left to the kernel's bugs, the backlog limit
-// to net.ipv4.tcp_rmem, the default verdict window and owner quotas, brief
+// bypass and blocking readers left to the kernel's bugs, slow readers
+// moved to TCP (the backlog rule), the backlog limit to
+// net.ipv4.tcp_rmem, the default verdict window and owner quotas, brief
 // connections learnt and left on TCP.
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
@@ -103,8 +104,13 @@ func (s Settings) Resolve(f Features) Settings {
 	if s.BypassSmallStreams == ModeAuto {
 		s.BypassSmallStreams = ModeOff
 	}
+	// The valve where the kernel charges redirected bytes to their reader
+	// and sk_psock counts them; elsewhere the backlog rule.
 	if s.BacklogValve == ModeAuto {
 		s.BacklogValve = ModeOff
+		if f.ValveFit() && f.PsockMsgTotLen {
+			s.BacklogValve = ModeOn
+		}
 	}
 	if s.BacklogLimit == 0 {
 		s.BacklogLimit = tcpRmemMax()
@@ -159,8 +165,8 @@ func settingTable() []setting {
 			usage: "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass"},
 		{name: "small-streams", mode: func(s *Settings) *Mode { return &s.BypassSmallStreams }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "a bypassed direction streaming sends under 128 bytes one way, fast (4 verdict windows used up with nothing sent back, each at sends about 4 us apart or closer): tcp (moved to TCP, which coalesces the writes; request/response traffic and slower streams keep the bypass) or bypass"},
-		{name: "slow-readers", mode: func(s *Settings) *Mode { return &s.BacklogValve }, words: map[Mode]string{ModeOn: "valve", ModeOff: "tcp"},
-			usage: "a bypassed direction whose reader falls behind: tcp (moved to TCP for good by the backlog rule, --backlog-limit) or valve (its writer's sends pass to TCP, whose window paces it, while the reader's queue is near the reader's SO_RCVBUF, and are redirected again once it caught up; an sk_skb verdict on the map puts TCP's bytes in the same queue, and bypassed sockets get a 16 KiB TCP_NOTSENT_LOWAT where their application set none; Linux 6.13 or later; experimental: docs/ARCHITECTURE.md, known limits)"},
+		{name: "slow-readers", mode: func(s *Settings) *Mode { return &s.BacklogValve }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "valve", ModeOff: "tcp"},
+			usage: "a bypassed direction whose reader falls behind: valve (its writer's sends pass to TCP, whose window paces it, while the reader's queue is near the reader's SO_RCVBUF, and are redirected again once it caught up; an sk_skb verdict on the map puts TCP's bytes in the same queue, and bypassed sockets get a 16 KiB TCP_NOTSENT_LOWAT where their application set none; Linux 6.13 or later; experimental: docs/ARCHITECTURE.md, known limits), tcp (moved to TCP for good by the backlog rule, --backlog-limit), or auto (valve from Linux 6.13, tcp before)"},
 		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
 			usage: "sockets whose connects to service addresses are balanced at connect(): all (every managed socket, but pods opted out) or host (the host's network namespace only: pods' service traffic is left to kube-proxy, as a service mesh's sidecars need)"},
 		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,

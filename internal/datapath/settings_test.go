@@ -102,11 +102,27 @@ func TestResolve(t *testing.T) {
 	if got := (Settings{BacklogLimit: 5}).Resolve(fit).BacklogLimit; got != 5 {
 		t.Errorf("backlog limit 5 read as %d", got)
 	}
-	if got := (Settings{}).Resolve(fit).BacklogValve; got != ModeOff {
-		t.Errorf("slow readers left to the datapath resolved to %v, want the one-way move (off)", got)
-	}
-	if got := (Settings{BacklogValve: ModeOn}).Resolve(fit).BacklogValve; got != ModeOn {
-		t.Errorf("the valve asked for resolved to %v", got)
+	// Slow readers left to the datapath: the valve from 6.13 where
+	// sk_psock counts queued bytes, the one-way move elsewhere.
+	for _, tt := range []struct {
+		s    Settings
+		f    Features
+		want Mode
+	}{
+		{Settings{}, Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOn},
+		{Settings{}, Features{Kernel: "6.13.0-rc1", PsockMsgTotLen: true}, ModeOn},
+		{Settings{}, Features{Kernel: "6.12.117+deb12-cloud-amd64", PsockMsgTotLen: true}, ModeOff},
+		{Settings{}, Features{Kernel: "6.1.158-1", PsockMsgTotLen: true}, ModeOff},
+		{Settings{}, Features{Kernel: "6.18.44"}, ModeOff},
+		{Settings{}, Features{Kernel: "unreadable", PsockMsgTotLen: true}, ModeOff},
+		{Settings{BacklogValve: ModeOff}, Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOff},
+		{Settings{BacklogValve: ModeOn}, fit, ModeOn},
+		// Not the default yet (docs/benchmarks.md, The valve by default?).
+		{DefaultSettings(), Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOff},
+	} {
+		if got := tt.s.Resolve(tt.f).BacklogValve; got != tt.want {
+			t.Errorf("slow readers %v on %+v resolved to %v, want %v", tt.s.BacklogValve, tt.f, got, tt.want)
+		}
 	}
 	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity), UDPTables: uint64(DefaultOwnerUDPTables), EvictTimers: uint64(DefaultOwnerEvictTimers)}) {
 		t.Errorf("quotas of a request with one given: %+v", q)
@@ -166,7 +182,8 @@ func TestSettingFlags(t *testing.T) {
 		{"small-streams", "auto", nil, "want one of bypass, tcp"},
 		{"slow-readers", "valve", func(s Settings) bool { return s.BacklogValve == ModeOn }, ""},
 		{"slow-readers", "tcp", func(s Settings) bool { return s.BacklogValve == ModeOff }, ""},
-		{"slow-readers", "block", nil, "want one of valve, tcp"},
+		{"slow-readers", "auto", func(s Settings) bool { return s.BacklogValve == ModeAuto }, ""},
+		{"slow-readers", "block", nil, "want one of auto, valve, tcp"},
 		{"backlog-limit", "2097152", func(s Settings) bool { return s.BacklogLimit == 2097152 }, ""},
 		{"backlog-limit", "-1", nil, "want a number of bytes"},
 		{"verdict-window", "0", func(s Settings) bool { return s.VerdictWindow == 0 }, ""},

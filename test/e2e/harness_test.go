@@ -218,6 +218,21 @@ func mustAtLeast(t *testing.T, d map[string]uint64, name string, min uint64) {
 	}
 }
 
+// mustCarry checks that bypassed connections carried at least min bytes:
+// redirected, or passed to TCP by the open valve while their reader
+// caught up (the connection stays bypassed; the valve is the default from
+// Linux 6.13). With bytes through the valve, it also checks that the
+// valve opened.
+func mustCarry(t *testing.T, d map[string]uint64, min uint64) {
+	t.Helper()
+	if d["redirect_bytes"]+d["valve_bytes"] < min {
+		t.Errorf("%d bytes redirected and %d passed by the valve, want >= %d in all (all deltas: %v)", d["redirect_bytes"], d["valve_bytes"], min, nonzero(d))
+	}
+	if d["valve_bytes"] > 0 && d["valve_opens"] == 0 {
+		t.Errorf("%d bytes passed by a valve that never opened (all deltas: %v)", d["valve_bytes"], nonzero(d))
+	}
+}
+
 func mustEqual(t *testing.T, d map[string]uint64, name string, want uint64) {
 	t.Helper()
 	if d[name] != want {
