@@ -18,9 +18,11 @@ import (
 // TestSlowReaderValve: with --slow-readers valve a writer whose reader
 // falls behind is pushed back through TCP instead of leaving the bypass.
 // While the sink reads nothing, the writer gets no further than its
-// reader's buffer: what was redirected stays within the receiver's
-// SO_RCVBUF, the receiver's memory (ss skmem) within it but for the last
-// segment admitted, and its TCP drops nothing; once the sink reads, every
+// reader's buffer: what was redirected stays within half the receiver's
+// SO_RCVBUF and one send (64 KiB and 1 MiB writes), the receiver's memory
+// (ss skmem) within the buffer (which TCP raises to what is queued) but
+// for the last segment admitted, and its TCP drops nothing; once the sink
+// reads, every
 // byte arrives, the valve has opened and closed, and no direction moved
 // to TCP. Integrity streams (slow receivers, peeks checked against
 // FIONREAD, resets) then run through the valve intact. The same stream
