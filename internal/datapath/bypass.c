@@ -409,7 +409,8 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 			 * attached (the map lets go of it after this callback). */
 			if (st->win_left)
 				credit_window(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
-			valve_credit(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk), skops->args[0]);
+			if (st->valve_mark)
+				valve_credit(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk), skops->args[0]);
 			if (sl_settings.bypass_brief != SL_MODE_ON && st->role == SL_ROLE_CLIENT)
 				brief_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
