@@ -84,6 +84,8 @@ struct sk_psock {
 struct tcp_sock {
 	__u32 write_seq;
 	__u32 rcv_nxt;
+	__u32 rcv_wup;
+	__u32 rcv_wnd;
 } __attribute__((preserve_access_index));
 
 /* The read mode of a socket's file: 1 blocking, 0 non-blocking, -1 not
@@ -199,6 +201,20 @@ static __always_inline __u32 tcp_rcv_nxt(struct sock *sk)
 	__u32 seq = 0;
 	bpf_core_read(&seq, sizeof(seq), &((struct tcp_sock *)sk)->rcv_nxt);
 	return seq;
+}
+
+/* The bytes sk's TCP last let its peer send past what has arrived
+ * (tcp_receive_window): what the peer's TCP may send at once, however
+ * full sk's buffer has become since it said so. */
+static __always_inline __u32 tcp_window_open(struct sock *sk)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	__u32 wup = 0, wnd = 0, nxt = 0;
+	bpf_core_read(&wup, sizeof(wup), &tp->rcv_wup);
+	bpf_core_read(&wnd, sizeof(wnd), &tp->rcv_wnd);
+	bpf_core_read(&nxt, sizeof(nxt), &tp->rcv_nxt);
+	__s32 left = (__s32)(wup + wnd - nxt);
+	return left > 0 ? left : 0;
 }
 
 /* The bytes left of sk's open verdict window (0 if none). */

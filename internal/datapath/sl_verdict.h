@@ -153,12 +153,23 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 
 /* The valve (--slow-readers valve, SL_VALVE_* in sl_consts.h): the bytes
  * st's socket may still redirect before its peer's queue comes within
- * SL_VALVE_MARGIN of the peer's SO_RCVBUF, or 0 if this send of len
- * bytes passes to TCP. The kernel charges redirected bytes to the
- * receiver's buffer and drops TCP segments arriving past it, so the valve
- * opens before the queue gets there; TCP's window and send buffer then
- * pace the writer, and TCP's bytes join the redirected ones in the
- * receiver's queue (the sk_skb verdict), in order and counted by FIONREAD.
+ * SL_VALVE_MARGIN of the peer's SO_RCVBUF, or within half the window
+ * the peer's TCP last advertised, or 0 if this send of len bytes passes
+ * to TCP. The kernel charges redirected bytes to the receiver's buffer and
+ * drops TCP segments arriving past it, so the valve opens before the
+ * queue gets there; TCP's window and send buffer then pace the writer,
+ * and TCP's bytes join the redirected ones in the receiver's queue (the
+ * sk_skb verdict), in order and counted by FIONREAD. The window matters
+ * because redirected bytes send no ACK: the writer's TCP still holds the
+ * window the receiver offered before the queue grew, and sends that much
+ * at once when the valve opens (a sticky pass verdict sends later writes
+ * too without asking). A queue within that window of SO_RCVBUF leaves the
+ * receiver no room: it advertises a zero window and drops the rest of the
+ * flight (TCPZeroWindowDrop), which costs the writer a retransmission
+ * timeout (200 ms or more) each time; a queue that leaves the whole window
+ * free never lets TCP raise the buffer (below). Half of it, measured on
+ * 6.18 with iperf3 on one CPU, drops nothing and the buffer still grows
+ * (docs/benchmarks.md, The valve's window).
  * A send into a queue at most half the limit is redirected whatever its
  * size (a request or response larger than the limit keeps the bypass
  * while its reader keeps up): the queue is bounded by half the limit plus
@@ -177,6 +188,11 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 	__u32 queued = queued_bytes(peer);
 	int rcvbuf = peer->sk_rcvbuf;
 	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
+	__u32 wnd = tcp_window_open(peer) / 2;
+	if (rcvbuf <= 0 || wnd >= (__u32)rcvbuf)
+		limit = 0;
+	else if (limit > (__u32)rcvbuf - wnd)
+		limit = (__u32)rcvbuf - wnd;
 	if (st->valve) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
 		if (!tp || queued > limit / 2 || tcp_rcv_nxt(peer) != tp->write_seq || tcp_bytes_waiting(peer))

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -21,13 +22,13 @@ import (
 // reader's buffer: what was redirected stays within half the receiver's
 // SO_RCVBUF and one send (64 KiB and 1 MiB writes), the receiver's memory
 // (ss skmem) within the buffer (which TCP raises to what is queued) but
-// for the last segment admitted, and its TCP drops nothing; once the sink
-// reads, every
-// byte arrives, the valve has opened and closed, and no direction moved
-// to TCP. Integrity streams (slow receivers, peeks checked against
-// FIONREAD, resets) then run through the valve intact. The same stream
-// with --slow-readers tcp is the control: redirected far past the buffer,
-// then moved to TCP for good by the backlog rule.
+// for the last segment admitted; once the sink reads, every byte arrives,
+// the valve has opened and closed, the receiver's TCP dropped none of
+// the segments it passed (tcpDrops), and no direction moved to TCP.
+// Integrity streams (slow receivers, peeks checked against FIONREAD,
+// resets) then run through the valve intact. The same stream with --slow-readers tcp is the control:
+// redirected far past the buffer, then moved to TCP for good by the
+// backlog rule.
 func TestSlowReaderValve(t *testing.T) {
 	for _, tc := range []struct {
 		name, mode string
@@ -60,7 +61,7 @@ func TestSlowReaderValve(t *testing.T) {
 			listen := "0.0.0.0:7500"
 			start(t, srv, in.Bin, "peer", "sink", listen, "--delay", "1500ms")
 			waitPort(t, srv, listen)
-			drops := tcpRcvQDrops(t, srv)
+			drops := tcpDrops(t, srv)
 			before := in.Counters()
 			st := start(t, cli, in.Bin, "peer", "stream", netip.AddrPortFrom(srv.IPv4, 7500).String(),
 				"--size", fmt.Sprint(msg), "--count", fmt.Sprint(count), "--interval", "0s")
@@ -87,8 +88,8 @@ func TestSlowReaderValve(t *testing.T) {
 				t.Fatalf("stream: %v: %s", err, st.err.String())
 			}
 			d := testutil.Delta(before, in.Counters())
-			dropped := tcpRcvQDrops(t, srv) - drops
-			t.Logf("stream: %d bytes redirected, %d passed; valve opened %d times, closed %d; %d segments dropped", d["redirect_bytes"], d["pass_bytes"], d["valve_opens"], d["valve_closes"], dropped)
+			dropped := tcpDrops(t, srv).sub(drops)
+			t.Logf("stream: %d bytes redirected, %d passed; valve opened %d times, closed %d; receiver's TCP dropped %+v", d["redirect_bytes"], d["pass_bytes"], d["valve_opens"], d["valve_closes"], dropped)
 			if !tc.valve {
 				mustEqual(t, d, "fallback_backlog", 1)
 				mustEqual(t, d, "valve_opens", 0)
@@ -98,8 +99,8 @@ func TestSlowReaderValve(t *testing.T) {
 			if d["redirect_bytes"]+d["pass_bytes"] < uint64(msg*count) {
 				t.Errorf("%d bytes redirected and %d passed, want the stream's %d in all", d["redirect_bytes"], d["pass_bytes"], msg*count)
 			}
-			if dropped != 0 {
-				t.Errorf("the receiver's TCP dropped %d segments for want of memory", dropped)
+			if dropped.any() {
+				t.Errorf("the receiver's TCP dropped segments the valve passed: %+v", dropped)
 			}
 			mustAtLeast(t, d, "valve_opens", 1)
 			mustAtLeast(t, d, "valve_closes", 1)
@@ -116,6 +117,53 @@ func TestSlowReaderValve(t *testing.T) {
 				mustEqual(t, d, "fallback_backlog", 0)
 			})
 		})
+	}
+}
+
+// TestValveKeepsUp: iperf3, one stream of 64 KiB writes, with its client
+// and server on one CPU and --slow-readers valve. The reader keeps up but
+// runs only when the writer's time slice ends, so its queue grows by a
+// slice's sends and the valve cycles; the writer's TCP then sends what
+// the receiver last offered, a window from before the queue grew. The
+// receiver's TCP must drop none of it (tcpDrops; each drop costs the
+// writer a retransmission timeout), the writer's TCP must retransmit
+// nothing, and every byte iperf3 sent must be redirected or passed by
+// the valve, with no direction moved to TCP.
+func TestValveKeepsUp(t *testing.T) {
+	testutil.RequireCommand(t, "iperf3")
+	testutil.RequireCommand(t, "taskset")
+	if !valveKernel(t) {
+		t.Skip("the valve is refused before Linux 6.13 (TestSlowReaderValve checks the refusal)")
+	}
+	_, in, srv, cli := serverClient(t, "--slow-readers", "valve")
+	if !readStatus(t, in).Kernel.PsockMsgTotLen {
+		t.Skip("this kernel's sk_psock does not count queued bytes: the valve cannot see a reader's queue")
+	}
+	start(t, srv, "taskset", "-c", "0", "iperf3", "-s", "-1", "-p", "7510")
+	waitPort(t, srv, "0.0.0.0:7510")
+	drops, retrans := tcpDrops(t, srv), tcpRetransmits(t, cli)
+	before := in.Counters()
+	out := run(t, cli, time.Minute, "taskset", "-c", "0", "iperf3", "-c", srv.IPv4.String(), "-p", "7510",
+		"-l", "65536", "-t", "2", "-J")
+	var res struct {
+		End struct {
+			SumSent struct {
+				Bytes uint64 `json:"bytes"`
+			} `json:"sum_sent"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.End.SumSent.Bytes == 0 {
+		t.Fatalf("iperf3's report: %v\n%s", err, out)
+	}
+	d := testutil.Delta(before, in.Counters())
+	dropped, resent := tcpDrops(t, srv).sub(drops), tcpRetransmits(t, cli)-retrans
+	t.Logf("iperf3 sent %d bytes: %d redirected, %d passed by the valve; valve opened %d times; receiver's TCP dropped %+v, writer's retransmitted %d segments",
+		res.End.SumSent.Bytes, d["redirect_bytes"], d["valve_bytes"], d["valve_opens"], dropped, resent)
+	mustCarry(t, d, res.End.SumSent.Bytes)
+	mustAtLeast(t, d, "valve_opens", 1)
+	mustEqual(t, d, "fallback_backlog", 0)
+	if dropped.any() || resent != 0 {
+		t.Errorf("TCP lost segments the valve passed: the receiver dropped %+v, the writer retransmitted %d", dropped, resent)
 	}
 }
 
@@ -156,31 +204,64 @@ func receiverMemory(t *testing.T, p *testbed.Pod, port int) (rmem, rcvbuf uint64
 	return rmem, rcvbuf
 }
 
-// tcpRcvQDrops is TcpExtTCPRcvQDrop of p's network namespace: segments
-// its TCP dropped because the receiving socket was out of memory.
-func tcpRcvQDrops(t *testing.T, p *testbed.Pod) uint64 {
+// tcpDropCounts are the TcpExt counters of segments a receiver's TCP
+// dropped: for want of memory (TCPRcvQDrop), or because its window was
+// closed (TCPZeroWindowDrop: one it advertised and then took back when its
+// buffer filled).
+type tcpDropCounts struct{ RcvQDrop, ZeroWindowDrop uint64 }
+
+func (c tcpDropCounts) sub(o tcpDropCounts) tcpDropCounts {
+	return tcpDropCounts{c.RcvQDrop - o.RcvQDrop, c.ZeroWindowDrop - o.ZeroWindowDrop}
+}
+
+func (c tcpDropCounts) any() bool { return c.RcvQDrop != 0 || c.ZeroWindowDrop != 0 }
+
+// tcpDrops reads p's network namespace's tcpDropCounts.
+func tcpDrops(t *testing.T, p *testbed.Pod) tcpDropCounts {
 	t.Helper()
-	cmd, err := p.Command("cat", "/proc/net/netstat")
+	c := netstat(t, p, "TcpExt", "TCPRcvQDrop", "TCPZeroWindowDrop")
+	return tcpDropCounts{c[0], c[1]}
+}
+
+// tcpRetransmits is the segments p's network namespace's TCP sent again
+// (Tcp RetransSegs).
+func tcpRetransmits(t *testing.T, p *testbed.Pod) uint64 {
+	t.Helper()
+	return netstat(t, p, "Tcp", "RetransSegs")[0]
+}
+
+// netstat reads counters of one group (TcpExt, Tcp...) of p's network
+// namespace from /proc/net/netstat and /proc/net/snmp.
+func netstat(t *testing.T, p *testbed.Pod, group string, names ...string) []uint64 {
+	t.Helper()
+	cmd, err := p.Command("cat", "/proc/net/netstat", "/proc/net/snmp")
 	if err != nil {
 		t.Fatal(err)
 	}
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("reading /proc/net/netstat in pod %s: %v", p.Name, err)
+		t.Fatalf("reading /proc/net/netstat and snmp in pod %s: %v", p.Name, err)
 	}
 	lines := strings.Split(string(out), "\n")
 	for i := 0; i+1 < len(lines); i++ {
 		h, v := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-		if len(h) == 0 || h[0] != "TcpExt:" || len(h) != len(v) {
+		if len(h) == 0 || h[0] != group+":" || len(h) != len(v) || v[0] != h[0] {
 			continue
 		}
+		vals := make([]uint64, len(names))
+		found := 0
 		for j, name := range h {
-			if name == "TCPRcvQDrop" {
-				n, _ := strconv.ParseUint(v[j], 10, 64)
-				return n
+			for k, want := range names {
+				if name == want {
+					vals[k], _ = strconv.ParseUint(v[j], 10, 64)
+					found++
+				}
 			}
 		}
+		if found == len(names) {
+			return vals
+		}
 	}
-	t.Fatalf("no TcpExt TCPRcvQDrop in pod %s's /proc/net/netstat", p.Name)
-	return 0
+	t.Fatalf("pod %s: no %s counters %v in /proc/net/netstat or snmp", p.Name, group, names)
+	return nil
 }
