@@ -152,40 +152,30 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 }
 
 /* The valve (--slow-readers valve, SL_VALVE_* in sl_consts.h): the bytes
- * st's socket may still redirect before its peer's queue reaches the
- * valve's limit, or 0 if this send of len bytes passes to TCP. Open, TCP's
- * window and send buffer pace the writer, and TCP's bytes join the
- * redirected ones in the receiver's queue (the sk_skb verdict), in order
- * and counted by FIONREAD.
- *
- * The limit is the peer's SO_RCVBUF less SL_VALVE_MARGIN (half the buffer
- * if that is smaller), and less half the window the peer's TCP last
- * advertised; while that buffer is still small (SL_VALVE_SMALL_BUF), at
- * least half the backlog limit.
- * - The window: redirected bytes send no ACK, so the writer's TCP still
- *   holds the window the receiver offered before its queue grew, and
- *   sends that much at once when the valve opens (a sticky pass verdict
- *   sends later writes too without asking). The kernel charges redirected
- *   bytes to the receiver's buffer; a queue within that window of it left
- *   the receiver no room once its buffer had grown to megabytes: it
- *   advertised a zero window and dropped the rest of the flight
- *   (TCPZeroWindowDrop), a retransmission timeout (200 ms or more) each
- *   time. A queue that leaves the whole window free never lets TCP raise
- *   the buffer; half of it, measured on 6.18, drops nothing and the buffer
- *   still grows (docs/benchmarks.md, The valve's window).
- * - The floor: a buffer only redirected bytes fill never grows (TCP grows
- *   it for what TCP delivers), so at the default 128 KiB the valve opened
- *   at 64 KiB of queue and cycled under a reader that keeps up (python's
- *   64 KiB writes). Half the backlog limit is the queue the one-way move
- *   allows anyway. TCP's segments landing past a small buffer raise it to
- *   what is queued (tcp_clamp_window) rather than being dropped, as the
- *   window such a buffer offered is small; from there the window rule
- *   holds. A floor under a buffer already grown brought the drops back.
+ * st's socket may still redirect before its peer's queue comes within
+ * SL_VALVE_MARGIN of the peer's SO_RCVBUF, or within half the window
+ * the peer's TCP last advertised, or 0 if this send of len bytes passes
+ * to TCP. The kernel charges redirected bytes to the receiver's buffer and
+ * drops TCP segments arriving past it, so the valve opens before the
+ * queue gets there; TCP's window and send buffer then pace the writer,
+ * and TCP's bytes join the redirected ones in the receiver's queue (the
+ * sk_skb verdict), in order and counted by FIONREAD. The window matters
+ * because redirected bytes send no ACK: the writer's TCP still holds the
+ * window the receiver offered before the queue grew, and sends that much
+ * at once when the valve opens (a sticky pass verdict sends later writes
+ * too without asking). A queue within that window of SO_RCVBUF leaves the
+ * receiver no room: it advertises a zero window and drops the rest of the
+ * flight (TCPZeroWindowDrop), which costs the writer a retransmission
+ * timeout (200 ms or more) each time; a queue that leaves the whole window
+ * free never lets TCP raise the buffer (below). Half of it, measured on
+ * 6.18 with iperf3 on one CPU, drops nothing and the buffer still grows
+ * (docs/benchmarks.md, The valve's window).
  * A send into a queue at most half the limit is redirected whatever its
  * size (a request or response larger than the limit keeps the bypass
- * while its reader keeps up): the queue is bounded by the limit, or half
- * of it plus one send, which the kernel caps at MAX_MSG_FRAGS page
- * fragments (about half a MiB).
+ * while its reader keeps up): the queue is bounded by half the limit plus
+ * one send, which the kernel caps at MAX_MSG_FRAGS page fragments (about
+ * half a MiB); TCP's bytes arriving past SO_RCVBUF then raise it
+ * (tcp_clamp_window) rather than being dropped, and the limit with it.
  * It closes once the peer's TCP has every byte sent through it, each of
  * them is in the peer's psock queue or read (none waits in TCP's receive
  * queue or for the psock's worker: a redirect would overtake it), and the
@@ -203,8 +193,6 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 		limit = 0;
 	else if (limit > (__u32)rcvbuf - wnd)
 		limit = (__u32)rcvbuf - wnd;
-	if (rcvbuf <= SL_VALVE_SMALL_BUF && limit < sl_settings.backlog_limit / 2)
-		limit = sl_settings.backlog_limit / 2;
 	if (st->valve) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
 		if (!tp || queued > limit / 2 || tcp_rcv_nxt(peer) != tp->write_seq || tcp_bytes_waiting(peer))

@@ -18,11 +18,10 @@ import (
 
 // TestSlowReaderValve: with --slow-readers valve a writer whose reader
 // falls behind is pushed back through TCP instead of leaving the bypass.
-// While the sink reads nothing, the writer gets no further than the
-// valve's limit: what was redirected stays within half the backlog limit
-// (the floor under a buffer TCP has not grown; 512 KiB here) and one send
-// (64 KiB and 1 MiB writes), the receiver's memory (ss skmem) within its
-// buffer (which TCP raises to what is queued as its segments land) but
+// While the sink reads nothing, the writer gets no further than its
+// reader's buffer: what was redirected stays within half the receiver's
+// SO_RCVBUF and one send (64 KiB and 1 MiB writes), the receiver's memory
+// (ss skmem) within the buffer (which TCP raises to what is queued) but
 // for the last segment admitted; once the sink reads, every byte arrives,
 // the valve has opened and closed, the receiver's TCP dropped none of
 // the segments it passed (tcpDrops), and no direction moved to TCP.
@@ -54,8 +53,7 @@ func TestSlowReaderValve(t *testing.T) {
 				}
 				t.Skipf("the valve is refused on this kernel, as it should be: %s", strings.TrimSpace(out))
 			}
-			const backlogLimit = 1 << 20
-			_, in, srv, cli := serverClient(t, "--slow-readers", tc.mode, "--backlog-limit", fmt.Sprint(backlogLimit))
+			_, in, srv, cli := serverClient(t, "--slow-readers", tc.mode, "--backlog-limit", "1048576")
 			if !readStatus(t, in).Kernel.PsockMsgTotLen {
 				t.Skip("this kernel's sk_psock does not count queued bytes: neither rule can see a reader's queue")
 			}
@@ -74,9 +72,9 @@ func TestSlowReaderValve(t *testing.T) {
 			mid := testutil.Delta(before, in.Counters())
 			t.Logf("mid-pause: %d bytes redirected, %d passed to TCP; receiver rmem %d of SO_RCVBUF %d", mid["redirect_bytes"], mid["pass_bytes"], rmem, rcvbuf)
 			switch {
-			case tc.valve && mid["redirect_bytes"] > max(backlogLimit/2, rcvbuf/2)+maxVerdict:
-				t.Errorf("%d bytes redirected to a reader that read nothing, past the valve's limit (half the backlog limit %d, or of its SO_RCVBUF %d) and one send", mid["redirect_bytes"], backlogLimit, rcvbuf)
-			case !tc.valve && mid["redirect_bytes"] <= backlogLimit:
+			case tc.valve && mid["redirect_bytes"] > rcvbuf/2+maxVerdict:
+				t.Errorf("%d bytes redirected to a reader that read nothing, past half its SO_RCVBUF %d and one send", mid["redirect_bytes"], rcvbuf)
+			case !tc.valve && mid["redirect_bytes"] <= 1<<20:
 				t.Errorf("%d bytes redirected to a reader that read nothing: the backlog rule moves the direction past the 1 MiB limit", mid["redirect_bytes"])
 			}
 			// TCP admits a segment while the socket is under its buffer,
