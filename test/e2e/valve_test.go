@@ -26,9 +26,9 @@ import (
 // the valve has opened and closed, the receiver's TCP dropped none of
 // the segments it passed (tcpDrops), and no direction moved to TCP.
 // Integrity streams (slow receivers, peeks checked against FIONREAD,
-// resets) then run through the valve intact. The same stream with --slow-readers tcp is the control:
-// redirected far past the buffer, then moved to TCP for good by the
-// backlog rule.
+// resets) then run through the valve intact. The same stream with
+// --slow-readers tcp is the control: redirected far past the buffer,
+// then moved to TCP for good by the backlog rule.
 func TestSlowReaderValve(t *testing.T) {
 	for _, tc := range []struct {
 		name, mode string
