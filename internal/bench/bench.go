@@ -112,9 +112,10 @@ type Options struct {
 	// BypassSmallStreams keeps fast one-way streams of small sends in the
 	// bypass (by default they move to TCP: see datapath.Config).
 	BypassSmallStreams bool
-	// SlowReadersValve pushes a writer whose reader falls behind back
-	// through TCP instead of moving it there (see datapath.Settings).
-	SlowReadersValve bool
+	// SlowReadersTCP moves a direction whose reader falls behind to TCP
+	// for good instead of pushing its writer back through TCP (the valve,
+	// the default from Linux 6.13: see datapath.Settings).
+	SlowReadersTCP bool
 	// DefaultSettings loads the datapath as the agent does by default
 	// (blocking readers decided per process, as the kernel's bugs say)
 	// instead of bypassing every connection: each bypass sample then
@@ -293,8 +294,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.BypassSmallStreams {
 		settings.BypassSmallStreams = datapath.ModeOn
 	}
-	if o.SlowReadersValve {
-		settings.BacklogValve = datapath.ModeOn
+	if o.SlowReadersTCP {
+		settings.BacklogValve = datapath.ModeOff
 	}
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, Settings: settings})
 	if err != nil {

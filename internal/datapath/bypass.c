@@ -480,7 +480,8 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 		/* Leaving the map drops what was redirected to this socket
 		 * and not yet read: wait until that is empty, and until the
 		 * peer can no longer redirect here. Until then a timer checks
-		 * too: the reader may send nothing once it has read. */
+		 * too, without the valve: the reader may send nothing once it
+		 * has read (evict_later). */
 		if (st->in_map && !may_leave(st->slot, st->role, (struct sock *)bpf_skc_to_tcp_sock(sk))) {
 			struct sl_conn *c = conn_of(st->slot);
 			if (c && word_gen(c->word) == st->gen)

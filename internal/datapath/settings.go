@@ -53,12 +53,13 @@ const (
 
 // DefaultSettings are what a load asks for when nothing is given: the
 // bypass and blocking readers left to the kernel's bugs, slow readers
-// moved to TCP (the backlog rule), the backlog limit to
+// pushed back through TCP by the valve where the kernel runs it (6.13 on)
+// and moved to TCP by the backlog rule before, the backlog limit to
 // net.ipv4.tcp_rmem, the default verdict window and owner quotas, brief
 // connections learnt and left on TCP.
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
-		BypassSmallStreams: ModeOff, BacklogValve: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
+		BypassSmallStreams: ModeOff, BacklogValve: ModeAuto, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
 		OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, LbHostOnly: ModeOff}
 }
 
@@ -166,7 +167,7 @@ func settingTable() []setting {
 		{name: "small-streams", mode: func(s *Settings) *Mode { return &s.BypassSmallStreams }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "a bypassed direction streaming sends under 128 bytes one way, fast (4 verdict windows used up with nothing sent back, each at sends about 4 us apart or closer): tcp (moved to TCP, which coalesces the writes; request/response traffic and slower streams keep the bypass) or bypass"},
 		{name: "slow-readers", mode: func(s *Settings) *Mode { return &s.BacklogValve }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "valve", ModeOff: "tcp"},
-			usage: "a bypassed direction whose reader falls behind: valve (its writer's sends pass to TCP, whose window paces it, while the reader's queue is near the reader's SO_RCVBUF, and are redirected again once it caught up; an sk_skb verdict on the map puts TCP's bytes in the same queue, and bypassed sockets get a 16 KiB TCP_NOTSENT_LOWAT where their application set none; Linux 6.13 or later; experimental: docs/ARCHITECTURE.md, known limits), tcp (moved to TCP for good by the backlog rule, --backlog-limit), or auto (valve from Linux 6.13, tcp before)"},
+			usage: "a bypassed direction whose reader falls behind: valve (its writer's sends pass to TCP, whose window paces it, while the reader's queue is near its limit (its SO_RCVBUF, at least half the backlog limit while that buffer is small), and are redirected again once it caught up; an sk_skb verdict on the map puts TCP's bytes in the same queue, and bypassed sockets get a 16 KiB TCP_NOTSENT_LOWAT where their application set none; Linux 6.13 or later; docs/ARCHITECTURE.md, known limits), tcp (moved to TCP for good by the backlog rule, --backlog-limit), or auto (valve from Linux 6.13, tcp before)"},
 		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
 			usage: "sockets whose connects to service addresses are balanced at connect(): all (every managed socket, but pods opted out) or host (the host's network namespace only: pods' service traffic is left to kube-proxy, as a service mesh's sidecars need)"},
 		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,

@@ -117,8 +117,9 @@ func TestResolve(t *testing.T) {
 		{Settings{}, Features{Kernel: "unreadable", PsockMsgTotLen: true}, ModeOff},
 		{Settings{BacklogValve: ModeOff}, Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOff},
 		{Settings{BacklogValve: ModeOn}, fit, ModeOn},
-		// Not the default yet (docs/benchmarks.md, The valve by default?).
-		{DefaultSettings(), Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOff},
+		// The default: the valve where the kernel runs it.
+		{DefaultSettings(), Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOn},
+		{DefaultSettings(), Features{Kernel: "6.12.117+deb12-cloud-amd64", PsockMsgTotLen: true}, ModeOff},
 	} {
 		if got := tt.s.Resolve(tt.f).BacklogValve; got != tt.want {
 			t.Errorf("slow readers %v on %+v resolved to %v, want %v", tt.s.BacklogValve, tt.f, got, tt.want)

@@ -113,9 +113,18 @@ done:
  * slot), within owner_evict_timers: each checks up to 1,000 times a
  * second in softirq, charged to no process, so a pod whose connections
  * keep thousands of sockets waiting would have the node spend CPU for it.
- * Beyond the quota a socket is checked at its own transmits only. */
+ * Beyond the quota a socket is checked at its own transmits only.
+ * Never with the valve: its sk_skb verdict puts TCP's bytes in the psock
+ * queue too, where FIONREAD counts them, and it does so under the
+ * socket's lock, which a timer does not hold. A timer that found the
+ * queue empty could delete the socket just after a segment joined it,
+ * and leaving the map drops that queue. The socket's own transmits (its
+ * ACKs, the window updates its reads send, its sends) run under the lock
+ * and take it out. */
 static __always_inline void evict_later(struct sl_sock *st, struct sl_conn *c)
 {
+	if (sl_settings.backlog_valve == SL_MODE_ON)
+		return;
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
 	if (v && v->gen == st->gen) {
