@@ -16,8 +16,21 @@ struct socket {
 	struct file *file;
 } __attribute__((preserve_access_index));
 
+/* What the receive buffer may grow to: tcp_rmem[2] of the socket's
+ * network namespace. */
+struct netns_ipv4 {
+	int sysctl_tcp_rmem[3];
+} __attribute__((preserve_access_index));
+
+struct net {
+	struct netns_ipv4 ipv4;
+} __attribute__((preserve_access_index));
+
 struct sock_common {
 	__u16 skc_num; /* local port, host order */
+	struct {
+		struct net *net;
+	} skc_net;
 	struct {
 		__s64 counter;
 	} skc_cookie;
@@ -44,6 +57,7 @@ struct sock {
 	struct sk_buff_head sk_receive_queue;
 	void *sk_user_data;
 	int sk_rcvbuf;
+	__u8 sk_userlocks;
 	struct socket *sk_socket;
 	struct sock_cgroup_data sk_cgrp_data;
 } __attribute__((preserve_access_index));
@@ -87,6 +101,23 @@ struct tcp_sock {
 	__u32 rcv_wup;
 	__u32 rcv_wnd;
 } __attribute__((preserve_access_index));
+
+#define SL_SOCK_RCVBUF_LOCK 2
+
+/* The bytes sk's TCP may still raise its SO_RCVBUF by when a segment
+ * arrives past it (tcp_clamp_window: up to tcp_rmem[2], unless the
+ * application set SO_RCVBUF). */
+static __always_inline __u32 rcvbuf_growth(struct sock *sk)
+{
+	/* A 4-bit field on some kernels (6.1), a byte on others. */
+	if (BPF_CORE_READ_BITFIELD_PROBED(sk, sk_userlocks) & SL_SOCK_RCVBUF_LOCK)
+		return 0;
+	struct net *net = sk->__sk_common.skc_net.net;
+	if (!net)
+		return 0;
+	int max = net->ipv4.sysctl_tcp_rmem[2];
+	return max > sk->sk_rcvbuf ? max - sk->sk_rcvbuf : 0;
+}
 
 /* The read mode of a socket's file: 1 blocking, 0 non-blocking, -1 not
  * known yet (an accepted socket before accept() returned it). */

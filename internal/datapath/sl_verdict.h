@@ -169,7 +169,13 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
  * timeout (200 ms or more) each time; a queue that leaves the whole window
  * free never lets TCP raise the buffer (below). Half of it, measured on
  * 6.18 with iperf3 on one CPU, drops nothing and the buffer still grows
- * (docs/benchmarks.md, The valve's window).
+ * (docs/benchmarks.md, The valve's window), but only while TCP can still
+ * raise it by that much: a segment past SO_RCVBUF raises it to what is
+ * queued (tcp_clamp_window) up to tcp_rmem[2], and never one the
+ * application set; past that the segment makes the receiver advertise a
+ * zero window at once and drop the rest of the flight. So the queue
+ * leaves the whole window free, less what the buffer may still grow by,
+ * at most half of it (rcvbuf_growth).
  * A send into a queue at most half the limit is redirected whatever its
  * size (a request or response larger than the limit keeps the bypass
  * while its reader keeps up): the queue is bounded by half the limit plus
@@ -188,7 +194,12 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 	__u32 queued = queued_bytes(peer);
 	int rcvbuf = peer->sk_rcvbuf;
 	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
-	__u32 wnd = tcp_window_open(peer) / 2;
+	/* The room TCP's first flight needs: its whole window, less what
+	 * the receiver's TCP may still raise SO_RCVBUF by, at most half. */
+	__u32 wnd = tcp_window_open(peer), over = wnd / 2, grow = rcvbuf_growth(peer);
+	if (over > grow)
+		over = grow;
+	wnd -= over;
 	if (rcvbuf <= 0 || wnd >= (__u32)rcvbuf)
 		limit = 0;
 	else if (limit > (__u32)rcvbuf - wnd)

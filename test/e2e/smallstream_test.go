@@ -60,11 +60,11 @@ func TestSmallStreams(t *testing.T) {
 					// the earliest. A window used up slowly (the
 					// stream's start, or a writer preempted on a busy
 					// machine) does not count, so the move may come
-					// later, but within the stream's first quarter (it
-					// sends 156 windows).
+					// later, but within the stream's first half (it
+					// sends 156 windows; a CI machine once took 55).
 					mustEqual(t, d, "fallback_small_stream", 1)
-					if r := d["redirect_bytes"]; r < 16+4*window || r > 16+40*window {
-						t.Errorf("%d bytes redirected before the move, want %d to %d (%s)", r, 16+4*window, 16+40*window, nonzero(d))
+					if r := d["redirect_bytes"]; r < 16+4*window || r > 16+78*window {
+						t.Errorf("%d bytes redirected before the move, want %d to %d (%s)", r, 16+4*window, 16+78*window, nonzero(d))
 					}
 					if d["pass_bytes"] == 0 {
 						t.Errorf("nothing went through TCP after the move (%s)", nonzero(d))

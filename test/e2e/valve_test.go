@@ -126,46 +126,72 @@ func TestSlowReaderValve(t *testing.T) {
 // slice's sends and the valve cycles; the writer's TCP then sends what
 // the receiver last offered, a window from before the queue grew. The
 // receiver's TCP must drop none of it (tcpDrops; each drop costs the
-// writer a retransmission timeout), the writer's TCP must retransmit
-// nothing, and every byte iperf3 sent must be redirected or passed by
-// the valve, with no direction moved to TCP.
+// writer a retransmission), and every byte iperf3 sent must be redirected
+// or passed by the valve, with no direction moved to TCP. Run with a
+// receive buffer TCP may raise, one at the network namespace's tcp_rmem
+// maximum (1 MiB here, reached within the run), and one iperf3 sets
+// (-w, SO_RCVBUF): in the last two a segment past the buffer cannot raise
+// it and makes the receiver drop the rest of the flight, so the valve
+// leaves the whole window free.
 func TestValveKeepsUp(t *testing.T) {
 	testutil.RequireCommand(t, "iperf3")
 	testutil.RequireCommand(t, "taskset")
 	if !valveKernel(t) {
 		t.Skip("the valve is refused before Linux 6.13 (TestSlowReaderValve checks the refusal)")
 	}
-	_, in, srv, cli := serverClient(t, "--slow-readers", "valve")
-	if !readStatus(t, in).Kernel.PsockMsgTotLen {
-		t.Skip("this kernel's sk_psock does not count queued bytes: the valve cannot see a reader's queue")
-	}
-	start(t, srv, "taskset", "-c", "0", "iperf3", "-s", "-1", "-p", "7510")
-	waitPort(t, srv, "0.0.0.0:7510")
-	drops, retrans := tcpDrops(t, srv), tcpRetransmits(t, cli)
-	before := in.Counters()
-	out := run(t, cli, time.Minute, "taskset", "-c", "0", "iperf3", "-c", srv.IPv4.String(), "-p", "7510",
-		"-l", "65536", "-t", "2", "-J")
-	var res struct {
-		End struct {
-			SumSent struct {
-				Bytes uint64 `json:"bytes"`
-			} `json:"sum_sent"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil || res.End.SumSent.Bytes == 0 {
-		t.Fatalf("iperf3's report: %v\n%s", err, out)
-	}
-	d := testutil.Delta(before, in.Counters())
-	dropped, resent := tcpDrops(t, srv).sub(drops), tcpRetransmits(t, cli)-retrans
-	t.Logf("iperf3 sent %d bytes: %d redirected, %d passed by the valve; valve opened %d times; receiver's TCP dropped %+v, writer's retransmitted %d segments",
-		res.End.SumSent.Bytes, d["redirect_bytes"], d["valve_bytes"], d["valve_opens"], dropped, resent)
-	mustCarry(t, d, res.End.SumSent.Bytes)
-	mustAtLeast(t, d, "valve_opens", 1)
-	mustEqual(t, d, "fallback_backlog", 0)
-	if dropped.any() || resent != 0 {
-		t.Errorf("TCP lost segments the valve passed: the receiver dropped %+v, the writer retransmitted %d", dropped, resent)
+	for _, tc := range []struct {
+		name    string
+		rmemMax string   // the server's tcp_rmem maximum, if set
+		iperf   []string // more iperf3 client flags (the server takes them too)
+	}{
+		{name: "buffer grows"},
+		{name: "buffer at tcp_rmem max", rmemMax: "1048576"},
+		{name: "SO_RCVBUF set", iperf: []string{"-w", "512K"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, in, srv, cli := serverClient(t, "--slow-readers", "valve")
+			if !readStatus(t, in).Kernel.PsockMsgTotLen {
+				t.Skip("this kernel's sk_psock does not count queued bytes: the valve cannot see a reader's queue")
+			}
+			if tc.rmemMax != "" {
+				run(t, srv, time.Minute, "sysctl", "-w", "net.ipv4.tcp_rmem=4096 131072 "+tc.rmemMax)
+			}
+			start(t, srv, "taskset", "-c", "0", "iperf3", "-s", "-1", "-p", "7510")
+			waitPort(t, srv, "0.0.0.0:7510")
+			drops, retrans := tcpDrops(t, srv), tcpRetransmits(t, cli)
+			before := in.Counters()
+			out := run(t, cli, time.Minute, "taskset", append([]string{"-c", "0", "iperf3", "-c", srv.IPv4.String(), "-p", "7510",
+				"-l", "65536", "-t", "2", "-J"}, tc.iperf...)...)
+			var res struct {
+				End struct {
+					SumSent struct {
+						Bytes uint64 `json:"bytes"`
+					} `json:"sum_sent"`
+				} `json:"end"`
+			}
+			if err := json.Unmarshal([]byte(out), &res); err != nil || res.End.SumSent.Bytes == 0 {
+				t.Fatalf("iperf3's report: %v\n%s", err, out)
+			}
+			d := testutil.Delta(before, in.Counters())
+			dropped, resent := tcpDrops(t, srv).sub(drops), tcpRetransmits(t, cli)-retrans
+			t.Logf("iperf3 sent %d bytes: %d redirected, %d passed by the valve; valve opened %d times; receiver's TCP dropped %+v, writer's retransmitted %d segments",
+				res.End.SumSent.Bytes, d["redirect_bytes"], d["valve_bytes"], d["valve_opens"], dropped, resent)
+			mustCarry(t, d, res.End.SumSent.Bytes)
+			mustAtLeast(t, d, "valve_opens", 1)
+			mustEqual(t, d, "fallback_backlog", 0)
+			// A drop costs the rest of a flight (tens of segments sent
+			// again); a few retransmissions with none are TCP's loss
+			// probes when a busy machine keeps the receiver off the CPU.
+			if dropped.any() || resent > maxProbes {
+				t.Errorf("TCP lost segments the valve passed: the receiver dropped %+v, the writer retransmitted %d", dropped, resent)
+			}
+		})
 	}
 }
+
+// maxProbes is the retransmissions TestValveKeepsUp allows with no drop:
+// tail loss probes, seen 0 to 2 in a run with both CPUs busy.
+const maxProbes = 4
 
 // maxVerdict is the most one run of sl_msg can be asked about: the kernel
 // gathers a send into at most MAX_MSG_FRAGS (17) page fragments of up to
