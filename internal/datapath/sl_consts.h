@@ -210,6 +210,10 @@ enum sl_sig_mask {
  * (TCP_NOTSENT_LOWAT, set where the application has not), so that each
  * pass through TCP is about one send, not a send buffer. */
 #define SL_VALVE_MARGIN (64u << 10)
+/* A receiver's buffer TCP has not grown (twice the default 128 KiB
+ * tcp_rmem[1]), and the valve's limit under it (valve_room). */
+#define SL_VALVE_SMALL_BUF (256u << 10)
+#define SL_VALVE_FLOOR (1u << 20)
 enum sl_lowat {
 	SL_LOWAT_THEIRS = 1, /* the application's own, left alone */
 	SL_LOWAT_OURS = 2,   /* set for the open valve, cleared when it closes */

@@ -153,9 +153,9 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 
 /* The valve (--slow-readers valve, SL_VALVE_* in sl_consts.h): the bytes
  * st's socket may still redirect before its peer's queue comes within
- * SL_VALVE_MARGIN of the peer's SO_RCVBUF, or within half the window
- * the peer's TCP last advertised, or 0 if this send of len bytes passes
- * to TCP. The kernel charges redirected bytes to the receiver's buffer and
+ * SL_VALVE_MARGIN of the peer's SO_RCVBUF, or within the room TCP's
+ * next flight needs (below), or 0 if this send of len bytes passes to
+ * TCP. The kernel charges redirected bytes to the receiver's buffer and
  * drops TCP segments arriving past it, so the valve opens before the
  * queue gets there; TCP's window and send buffer then pace the writer,
  * and TCP's bytes join the redirected ones in the receiver's queue (the
@@ -176,6 +176,15 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
  * zero window at once and drop the rest of the flight. So the queue
  * leaves the whole window free, less what the buffer may still grow by,
  * at most half of it (rcvbuf_growth).
+ * A buffer only redirected bytes fill never grows (TCP's autotuning
+ * counts what TCP delivers), so at the default 128 KiB the valve would
+ * open at 64 KiB of queue under a reader that keeps up (python's
+ * http.server, 64 KiB writes). Under a buffer TCP has not grown
+ * (SL_VALVE_SMALL_BUF) the limit is at least SL_VALVE_FLOOR (or half the
+ * backlog limit, if less), as far as the buffer may be raised with twice
+ * the offered window free: TCP's first segment past the buffer raises it
+ * to what is queued (tcp_clamp_window), and its windows then follow the
+ * room left, as for TCP's own bytes.
  * A send into a queue at most half the limit is redirected whatever its
  * size (a request or response larger than the limit keeps the bypass
  * while its reader keeps up): the queue is bounded by half the limit plus
@@ -196,14 +205,26 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
 	/* The room TCP's first flight needs: its whole window, less what
 	 * the receiver's TCP may still raise SO_RCVBUF by, at most half. */
-	__u32 wnd = tcp_window_open(peer), over = wnd / 2, grow = rcvbuf_growth(peer);
+	__u32 full = tcp_window_open(peer), over = full / 2, grow = rcvbuf_growth(peer);
 	if (over > grow)
 		over = grow;
-	wnd -= over;
+	__u32 wnd = full - over;
 	if (rcvbuf <= 0 || wnd >= (__u32)rcvbuf)
 		limit = 0;
 	else if (limit > (__u32)rcvbuf - wnd)
 		limit = (__u32)rcvbuf - wnd;
+	/* The floor under a buffer TCP has not grown, as far as the buffer
+	 * may be raised with twice the window free for the flight. */
+	if (rcvbuf > 0 && (__u32)rcvbuf <= SL_VALVE_SMALL_BUF) {
+		__u32 floor = sl_settings.backlog_limit / 2;
+		__u64 fits = (__u64)rcvbuf + grow, flight = 2 * (__u64)full;
+		if (floor > SL_VALVE_FLOOR)
+			floor = SL_VALVE_FLOOR;
+		if (fits < floor + flight)
+			floor = fits > flight ? fits - flight : 0;
+		if (limit < floor)
+			limit = floor;
+	}
 	if (st->valve) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
 		if (!tp || queued > limit / 2 || tcp_rcv_nxt(peer) != tp->write_seq || tcp_bytes_waiting(peer))

@@ -18,11 +18,13 @@ import (
 
 // TestSlowReaderValve: with --slow-readers valve a writer whose reader
 // falls behind is pushed back through TCP instead of leaving the bypass.
-// While the sink reads nothing, the writer gets no further than its
-// reader's buffer: what was redirected stays within half the receiver's
-// SO_RCVBUF and one send (64 KiB and 1 MiB writes), the receiver's memory
-// (ss skmem) within the buffer (which TCP raises to what is queued) but
-// for the last segment admitted; once the sink reads, every byte arrives,
+// While the sink reads nothing, the writer gets no further than the
+// valve's limit: what was redirected stays within half the backlog limit
+// (the floor under a buffer TCP has not grown; 512 KiB here) and one send
+// (64 KiB and 1 MiB writes), and reaches the floor with 64 KiB writes; the
+// receiver's memory (ss skmem) stays within its buffer (which TCP raises
+// to what is queued as its segments land) but for the last segment
+// admitted; once the sink reads, every byte arrives,
 // the valve has opened and closed, the receiver's TCP dropped none of
 // the segments it passed (tcpDrops), and no direction moved to TCP.
 // Integrity streams (slow receivers, peeks checked against FIONREAD,
@@ -53,7 +55,8 @@ func TestSlowReaderValve(t *testing.T) {
 				}
 				t.Skipf("the valve is refused on this kernel, as it should be: %s", strings.TrimSpace(out))
 			}
-			_, in, srv, cli := serverClient(t, "--slow-readers", tc.mode, "--backlog-limit", "1048576")
+			const backlogLimit = 1 << 20
+			_, in, srv, cli := serverClient(t, "--slow-readers", tc.mode, "--backlog-limit", fmt.Sprint(backlogLimit))
 			if !readStatus(t, in).Kernel.PsockMsgTotLen {
 				t.Skip("this kernel's sk_psock does not count queued bytes: neither rule can see a reader's queue")
 			}
@@ -72,9 +75,13 @@ func TestSlowReaderValve(t *testing.T) {
 			mid := testutil.Delta(before, in.Counters())
 			t.Logf("mid-pause: %d bytes redirected, %d passed to TCP; receiver rmem %d of SO_RCVBUF %d", mid["redirect_bytes"], mid["pass_bytes"], rmem, rcvbuf)
 			switch {
-			case tc.valve && mid["redirect_bytes"] > rcvbuf/2+maxVerdict:
-				t.Errorf("%d bytes redirected to a reader that read nothing, past half its SO_RCVBUF %d and one send", mid["redirect_bytes"], rcvbuf)
-			case !tc.valve && mid["redirect_bytes"] <= 1<<20:
+			case tc.valve && mid["redirect_bytes"] > backlogLimit/2+maxVerdict:
+				t.Errorf("%d bytes redirected to a reader that read nothing, past the valve's floor (half the backlog limit) and one send", mid["redirect_bytes"])
+			case tc.valve && tc.msg < backlogLimit/2 && mid["redirect_bytes"] < backlogLimit/2-uint64(tc.msg):
+				// The buffer starts at 128 KiB: without the floor the
+				// valve would open at 64 KiB of queue.
+				t.Errorf("%d bytes redirected before the valve opened, short of its floor (half the backlog limit) by more than one send", mid["redirect_bytes"])
+			case !tc.valve && mid["redirect_bytes"] <= backlogLimit:
 				t.Errorf("%d bytes redirected to a reader that read nothing: the backlog rule moves the direction past the 1 MiB limit", mid["redirect_bytes"])
 			}
 			// TCP admits a segment while the socket is under its buffer,
