@@ -157,12 +157,13 @@ func newPeerCmd() *cobra.Command {
 	})
 	httpGets.Short = "Go net/http client: --count GETs of --size bytes over one kept-alive connection, timed"
 	httpGets.Flags().IntVar(&warmup, "warmup", 100, "requests before measuring")
-	var interval time.Duration
+	var streamOpts peer.StreamOpts
 	stream := benchCmd("stream", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
-		return peer.StreamPaced(ctx, addr, mode, size, duration, count, interval)
+		return peer.StreamPaced(ctx, addr, mode, size, duration, count, streamOpts)
 	})
 	stream.Flags().DurationVar(&duration, "duration", time.Second, "how long to send when --count is 0")
-	stream.Flags().DurationVar(&interval, "interval", 0, "pause after each write")
+	stream.Flags().DurationVar(&streamOpts.Interval, "interval", 0, "pause after each write")
+	stream.Flags().IntVar(&streamOpts.NoDelay, "nodelay", 0, "TCP_NODELAY on the writer's socket: 1 on, -1 off (Nagle), 0 the default (on with netpoll, as Go sets it; off with blocking sockets)")
 	connects := benchCmd("connects", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
 		return peer.Connects(ctx, addr, mode, size, count)
 	})

@@ -585,7 +585,7 @@ int sl_msg(struct sk_msg_md *msg)
 			reason = (room = valve_room(msg, st, len)) ? SL_C_FALLBACK_PEER_GONE : 0;
 		else if (!peer_backlogged(st, dir ^ 1, redirected + len))
 			reason = SL_C_FALLBACK_PEER_GONE;
-		if (reason == SL_C_FALLBACK_PEER_GONE && small && small_stream(st, c, dir, len, redirected))
+		if (reason == SL_C_FALLBACK_PEER_GONE && small && small_stream(msg, st, c, dir, len, redirected))
 			reason = SL_C_FALLBACK_SMALL_STREAM;
 		if (win > room)
 			win = room > len ? room : 0;

@@ -141,12 +141,13 @@ const (
 	bypassSlCounterSL_C_VALVE_OPENS             bypassSlCounter = 35
 	bypassSlCounterSL_C_VALVE_CLOSES            bypassSlCounter = 36
 	bypassSlCounterSL_C_VALVE_BYTES             bypassSlCounter = 37
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 38
+	bypassSlCounterSL_C_SMALL_STREAM_NODELAY    bypassSlCounter = 38
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 39
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [38]uint64
+	C [39]uint64
 }
 
 type bypassSlDefaults uint32
@@ -239,7 +240,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 33
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 34
 )
 
 type bypassSlListener struct {

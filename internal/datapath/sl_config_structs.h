@@ -50,9 +50,9 @@ struct sl_config {
 	enum sl_mode bypass_brief;
 	/* SL_MODE_ON: every bypassed direction stays bypassed whatever it
 	 * sends. Otherwise a direction streaming small sends one way, fast
-	 * (SL_STREAM_* in sl_consts.h), moves to TCP, which coalesces them:
-	 * a stream of 1-64 byte writes is up to three times faster on TCP
-	 * across CPUs. */
+	 * (SL_STREAM_* in sl_consts.h), from a writer that leaves Nagle on,
+	 * moves to TCP, which coalesces them: a stream of 1-64 byte writes is
+	 * up to three times faster on TCP across CPUs. */
 	enum sl_mode bypass_small_streams;
 	/* SL_MODE_ON: a writer whose reader falls behind is pushed back
 	 * through TCP while the reader catches up (the valve, SL_VALVE_* in

@@ -100,9 +100,24 @@ struct tcp_sock {
 	__u32 rcv_nxt;
 	__u32 rcv_wup;
 	__u32 rcv_wnd;
+	__u8 nonagle;
 } __attribute__((preserve_access_index));
 
 #define SL_SOCK_RCVBUF_LOCK 2
+#define SL_TCP_NAGLE_OFF 1
+#define SL_TCP_NAGLE_CORK 2
+
+/* Whether TCP would coalesce tp's small writes into segments: Nagle on
+ * (no TCP_NODELAY), or the socket corked (TCP_CORK). With TCP_NODELAY
+ * alone each write leaves as a segment of its own. */
+static __always_inline int tcp_coalesces(struct tcp_sock *tp)
+{
+	if (!tp)
+		return 1;
+	/* A 4-bit field. */
+	__u8 nonagle = BPF_CORE_READ_BITFIELD_PROBED(tp, nonagle);
+	return !(nonagle & SL_TCP_NAGLE_OFF) || (nonagle & SL_TCP_NAGLE_CORK);
+}
 
 /* The bytes sk's TCP may still raise its SO_RCVBUF by when a segment
  * arrives past it (tcp_clamp_window: up to tcp_rmem[2], unless the

@@ -184,7 +184,8 @@ struct sl_sock {
 			  * of 2^10 ns (small_stream) */
 	__u32 rev_seen;  /* what the other direction had sent then (small_stream) */
 	__u8 streak;     /* windows of small sends used up fast since the other
-			  * direction last sent (small_stream) */
+			  * direction last sent, up to SL_STREAM_WINDOWS (one
+			  * more: a TCP_NODELAY stream, counted; small_stream) */
 	__u8 valve;      /* this socket's sends pass to TCP until its peer has
 			  * caught up (valve_room) */
 	__u8 lowat;      /* enum sl_lowat: the TCP_NOTSENT_LOWAT the open valve

@@ -244,8 +244,11 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
  * Runs where a small send opens a verdict window, so once a window:
  * window_used is what was left of the previous one (0 if none was open),
  * and what the other direction had sent when it opened (its verdicts, and
- * what is left of its own window) is compared with what it has sent now. */
-static __always_inline int small_stream(struct sl_sock *st, struct sl_conn *c, __u32 dir, __u32 len, __u64 window_used)
+ * what is left of its own window) is compared with what it has sent now.
+ * A writer that set TCP_NODELAY keeps the bypass: TCP would send each of
+ * its writes as a segment of its own, slower than the bypass's message. */
+static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 dir, __u32 len,
+					__u64 window_used)
 {
 	if (sl_settings.bypass_small_streams == SL_MODE_ON)
 		return 0;
@@ -264,11 +267,23 @@ static __always_inline int small_stream(struct sl_sock *st, struct sl_conn *c, _
 	 * not count. */
 	if (!window_used || rev != st->rev_seen)
 		st->streak = 0;
-	else if ((__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * sl_settings.verdict_window)
+	else if ((__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * sl_settings.verdict_window &&
+		 st->streak < SL_STREAM_WINDOWS)
 		st->streak++;
 	st->win_at = now;
 	st->rev_seen = rev;
-	return st->streak >= SL_STREAM_WINDOWS;
+	if (st->streak < SL_STREAM_WINDOWS)
+		return 0;
+	/* Read at each window: the writer may turn Nagle back on. */
+	if (tcp_coalesces(bpf_skc_to_tcp_sock(msg->sk)))
+		return 1;
+	/* Counted once a stream (the streak then stays one past its top
+	 * until the other direction sends or a larger send starts over). */
+	if (st->streak == SL_STREAM_WINDOWS) {
+		st->streak = SL_STREAM_WINDOWS + 1;
+		count(SL_C_SMALL_STREAM_NODELAY, 1);
+	}
+	return 0;
 }
 
 /* The verdict window a redirect of a len-byte send opens (0: none): the

@@ -267,16 +267,33 @@ type Throughput struct {
 // Stream writes size-byte messages to a sink for d (or count messages if
 // count > 0), then half-closes and waits for the sink's byte count.
 func Stream(ctx context.Context, addr string, mode IO, size int, d time.Duration, count int) (Throughput, error) {
-	return StreamPaced(ctx, addr, mode, size, d, count, 0)
+	return StreamPaced(ctx, addr, mode, size, d, count, StreamOpts{})
 }
 
-// StreamPaced is Stream with a pause of interval after each write.
-func StreamPaced(ctx context.Context, addr string, mode IO, size int, d time.Duration, count int, interval time.Duration) (Throughput, error) {
+// StreamOpts: how a stream's writer behaves beyond its size and count.
+type StreamOpts struct {
+	// Interval is a pause after each write.
+	Interval time.Duration
+	// NoDelay sets TCP_NODELAY on (1) or off (-1) on the writer's socket;
+	// 0 keeps the socket's default (on for netpoll, Go's; off for
+	// blocking sockets, as C programs'). With it off TCP holds small
+	// writes while data is unacknowledged (Nagle).
+	NoDelay int
+}
+
+// StreamPaced is Stream as opts say.
+func StreamPaced(ctx context.Context, addr string, mode IO, size int, d time.Duration, count int, opts StreamOpts) (Throughput, error) {
 	c, err := dial(ctx, addr, mode)
 	if err != nil {
 		return Throughput{}, err
 	}
 	defer c.Close()
+	if opts.NoDelay != 0 {
+		if err := setNoDelay(c, opts.NoDelay > 0); err != nil {
+			return Throughput{}, fmt.Errorf("setting TCP_NODELAY: %w", err)
+		}
+	}
+	interval := opts.Interval
 	msg := make([]byte, size)
 	start := time.Now()
 	deadline := start.Add(d)
@@ -333,4 +350,19 @@ func Connects(ctx context.Context, addr string, mode IO, size, count int) (Laten
 		rtts = append(rtts, time.Since(start))
 	}
 	return Summarize(size, rtts), nil
+}
+
+// setNoDelay sets TCP_NODELAY on a benchmark connection's socket.
+func setNoDelay(c benchConn, on bool) error {
+	switch s := c.(type) {
+	case *net.TCPConn:
+		return s.SetNoDelay(on)
+	case *blockingSock:
+		v := 0
+		if on {
+			v = 1
+		}
+		return unix.SetsockoptInt(s.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, v)
+	}
+	return fmt.Errorf("a %T has no TCP_NODELAY", c)
 }

@@ -9,13 +9,16 @@ import (
 )
 
 // TestSmallStreams: with --small-streams tcp (the default), a fast one-way
-// stream of small sends moves to TCP, which coalesces the writes, once
-// SL_STREAM_WINDOWS (4) verdict windows in a row were used up with nothing
-// sent back and the sends close together; both sockets then leave the map
-// and every byte arrives. Ping-pong of the same messages (the other
-// direction sends between windows), a one-way stream slower than the rule
-// (a send every 200 us) and sends of SL_STREAM_SMALL (128) bytes stay in the
-// bypass. With --small-streams bypass the fast stream stays too.
+// stream of small sends whose writer leaves Nagle on moves to TCP, which
+// coalesces the writes, once SL_STREAM_WINDOWS (4) verdict windows in a row
+// were used up with nothing sent back and the sends close together; both
+// sockets then leave the map and every byte arrives. The same stream from a
+// writer that set TCP_NODELAY (Go's default), which TCP would send a
+// segment per write, stays and is counted (small_stream_nodelay). Ping-pong
+// of the same messages (the other direction sends between windows), a
+// one-way stream slower than the rule (a pause of 200 us after each send)
+// and sends of SL_STREAM_SMALL (128) bytes stay in the bypass.
+// With --small-streams bypass the fast streams stay too.
 func TestSmallStreams(t *testing.T) {
 	const (
 		port   = 7450
@@ -30,16 +33,19 @@ func TestSmallStreams(t *testing.T) {
 			waitPort(t, srv, sink)
 			waitPort(t, srv, echo)
 			to := func(p int) string { return fmt.Sprintf("%s:%d", srv.IPv4, p) }
+			nagle := []string{"--nodelay", "-1"}
 			for _, tc := range []struct {
-				name  string
-				args  []string
-				sent  uint64 // bytes the client sends
-				moves bool   // with --small-streams tcp
+				name    string
+				args    []string
+				sent    uint64 // bytes the client sends
+				moves   bool   // with --small-streams tcp
+				nodelay bool   // kept for TCP_NODELAY, with --small-streams tcp
 			}{
-				{"fast stream", []string{"stream", to(port), "--size", "16", "--count", "40000"}, 16 * 40000, true},
-				{"ping-pong", []string{"pingpong", to(port + 1), "--size", "16", "--count", "4000", "--warmup", "0"}, 16 * 4000, false},
-				{"slow stream", []string{"stream", to(port), "--size", "16", "--count", "2000", "--interval", "200us"}, 16 * 2000, false},
-				{"128-byte sends", []string{"stream", to(port), "--size", "128", "--count", "20000"}, 128 * 20000, false},
+				{"fast stream", append([]string{"stream", to(port), "--size", "16", "--count", "40000"}, nagle...), 16 * 40000, true, false},
+				{"fast stream, TCP_NODELAY", []string{"stream", to(port), "--size", "16", "--count", "40000", "--nodelay", "1"}, 16 * 40000, false, true},
+				{"ping-pong", []string{"pingpong", to(port + 1), "--size", "16", "--count", "4000", "--warmup", "0"}, 16 * 4000, false, false},
+				{"slow stream", append([]string{"stream", to(port), "--size", "16", "--count", "2000", "--interval", "200us"}, nagle...), 16 * 2000, false, false},
+				{"128-byte sends", append([]string{"stream", to(port), "--size", "128", "--count", "20000"}, nagle...), 128 * 20000, false, false},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					before := in.Counters()
@@ -48,6 +54,11 @@ func TestSmallStreams(t *testing.T) {
 					run(t, cli, 2*time.Minute, in.Bin, append([]string{"peer"}, tc.args...)...)
 					d := testutil.Delta(before, in.Counters())
 					mustEqual(t, d, "conns_bypassed", 1)
+					nodelay := uint64(0)
+					if tc.nodelay && setting == "tcp" {
+						nodelay = 1
+					}
+					mustEqual(t, d, "small_stream_nodelay", nodelay)
 					if !tc.moves || setting == "bypass" {
 						mustEqual(t, d, "fallback_small_stream", 0)
 						// Less the window open at the close, whose
