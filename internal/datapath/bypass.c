@@ -188,6 +188,27 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	c->client_netns = netns;
 	conn_event(c, SL_EV_ESTABLISHED, 0, 0, SL_ROLE_CLIENT);
 
+	/* A client that reads in blocking mode, and may meet the
+	 * interrupted-read bug (blocking_keeps_tcp), keeps the connection on
+	 * TCP before it enters the map: in the map its reads run in the
+	 * sockmap's receive path until it leaves (at a transmit that finds
+	 * its queue read), so a client that reads first (its server speaks
+	 * first) could get EAGAIN there. Its server finds no index entry and
+	 * never joins. (A quiet one is counted where its server joins.) */
+	if (sl_settings.bypass_blocking != SL_MODE_ON &&
+	    sock_blocking(member_sock(slot, SL_ROLE_CLIENT)) == 1 &&
+	    !(sl_settings.bypass_blocking == SL_MODE_PROCESS && st->signals == SL_SIG_QUIET)) {
+		st->path = SL_PATH_TCP;
+		c->path[0] = c->path[1] = SL_PATH_TCP;
+		c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;
+		c->word = mkword(gen, SL_CONN_TCP, 1u << SL_ROLE_CLIENT);
+		count(SL_C_CONNS_TCP, 1);
+		count(SL_C_FALLBACK_BLOCKING, 1);
+		conn_event(c, SL_EV_TCP, SL_C_FALLBACK_BLOCKING, SL_DIR_BOTH, SL_ROLE_CLIENT);
+		set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG, 0);
+		return;
+	}
+
 	/* The client must be in the map before it is findable: the server
 	 * redirects to it as soon as it joins. */
 	if (bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST)) {
