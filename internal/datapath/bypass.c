@@ -195,9 +195,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	 * its queue read), so a client that reads first (its server speaks
 	 * first) could get EAGAIN there. Its server finds no index entry and
 	 * never joins. (A quiet one is counted where its server joins.) */
-	if (sl_settings.bypass_blocking != SL_MODE_ON &&
-	    sock_blocking(member_sock(slot, SL_ROLE_CLIENT)) == 1 &&
-	    !(sl_settings.bypass_blocking == SL_MODE_PROCESS && st->signals == SL_SIG_QUIET)) {
+	if (blocking_risky(sock_blocking(member_sock(slot, SL_ROLE_CLIENT)), st->signals)) {
 		st->path = SL_PATH_TCP;
 		c->path[0] = c->path[1] = SL_PATH_TCP;
 		c->reason[0] = c->reason[1] = SL_C_FALLBACK_BLOCKING;

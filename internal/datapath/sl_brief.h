@@ -47,8 +47,9 @@ static __always_inline __u32 brief_skip(const struct sl_tuple *t, __u64 netns)
  * Nothing, when the connection was bypassed and brief (at most one send
  * each way: a direction's first send never opens a verdict window, so msgs
  * counts sends up to there), or when no managed server ever joined (a
- * remote or unmanaged peer; not a blocking client that never let it). A bypassed connection that was not brief
- * resets what its destination learned. */
+ * remote or unmanaged peer; not a blocking client that never let it). A
+ * bypassed connection that was not brief resets what its destination
+ * learned. */
 static __always_inline void brief_note(const struct sl_conn *c, __u32 state)
 {
 	/* A blocking client kept on TCP before its server could join

@@ -100,6 +100,20 @@ static __always_inline int server_blocks(struct sl_conn *c, __u32 slot, __u8 *si
 	return listener_blocks(c, sig) != 0;
 }
 
+/* A blocking end let into the bypass per process: its process handles no
+ * signal that can interrupt a read. */
+static __always_inline int blocking_quiet(int blocking, __u8 sig)
+{
+	return blocking == 1 && sl_settings.bypass_blocking == SL_MODE_PROCESS && sig == SL_SIG_QUIET;
+}
+
+/* blocking_keeps_tcp without counting a quiet end (for a check made again
+ * where the end is counted). */
+static __always_inline int blocking_risky(int blocking, __u8 sig)
+{
+	return blocking == 1 && sl_settings.bypass_blocking != SL_MODE_ON && !blocking_quiet(blocking, sig);
+}
+
 /* Whether an end that reads in blocking mode (blocking 1), of a process
  * with the enum sl_signals sig, keeps its connection on TCP: always under
  * --blocking-sockets tcp, never under bypass, and per process unless its
@@ -108,7 +122,7 @@ static __always_inline int blocking_keeps_tcp(int blocking, __u8 sig)
 {
 	if (blocking != 1 || sl_settings.bypass_blocking == SL_MODE_ON)
 		return 0;
-	if (sl_settings.bypass_blocking == SL_MODE_PROCESS && sig == SL_SIG_QUIET) {
+	if (blocking_quiet(blocking, sig)) {
 		count(SL_C_BLOCKING_QUIET, 1);
 		return 0;
 	}
