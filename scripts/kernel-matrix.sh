@@ -68,7 +68,7 @@ e2e_run+='|TestBriefConnections|TestNoPeerConnections|TestBacklogGrace|TestBackl
 e2e_run+='|TestDetachReclaimsSlots|TestAgentRestartAndDown|TestDownRemovesOnlyOwnPins'
 e2e_run+='|TestAdoptRefusesOtherLayout|TestEvents|TestBypassAuto|TestRedis|TestNginx'
 e2e_run+='|TestCapture|TestOwnerQuotas|TestServiceScope|TestServiceMaglev|TestBypassOptOut'
-e2e_run+='|TestPolicyTruthTable|TestPortsSideBySide|TestPortsPoolLifetime|TestSlowReaderValve)$'
+e2e_run+='|TestPolicyTruthTable|TestPortsSideBySide|TestPortsPoolLifetime|TestSlowReaderValve|TestMessageBudget)$'
 e2e_run="${SOCKLANE_MATRIX_E2E:-$e2e_run}"
 root="$work/root"
 mkdir -p "$root"/{bin,usr/bin,proc,sys,dev,tmp,run,tests,etc,lib64,sbin}

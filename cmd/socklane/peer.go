@@ -163,6 +163,7 @@ func newPeerCmd() *cobra.Command {
 	})
 	stream.Flags().DurationVar(&duration, "duration", time.Second, "how long to send when --count is 0")
 	stream.Flags().DurationVar(&streamOpts.Interval, "interval", 0, "pause after each write")
+	stream.Flags().IntVar(&streamOpts.Large, "large", 0, "after the first write, one of this many bytes (its verdict window may cover the next writes)")
 	stream.Flags().IntVar(&streamOpts.NoDelay, "nodelay", 0, "TCP_NODELAY on the writer's socket: 1 on, -1 off (Nagle), 0 the default (on with netpoll, as Go sets it; off with blocking sockets)")
 	connects := benchCmd("connects", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
 		return peer.Connects(ctx, addr, mode, size, count)

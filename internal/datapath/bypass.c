@@ -594,27 +594,40 @@ int sl_msg(struct sk_msg_md *msg)
 	if (st->path == SL_PATH_BYPASS) {
 		struct sl_capture_cfg *cap = capture_of(c);
 		__u32 win = window_of(cap, c, dir, len);
-		int small = win && len < sl_settings.verdict_window;
 		reason = SL_C_FALLBACK_BACKLOG;
 		/* With the valve, a send it passes to TCP leaves the direction
 		 * bypassed (reason 0), and a window never takes the peer's
 		 * queue past the valve's limit. */
-		__u32 room = ~0u;
+		__u32 room = ~0u, mroom = ~0u;
 		if (sl_settings.backlog_valve == SL_MODE_ON)
-			reason = (room = valve_room(msg, st, len)) ? SL_C_FALLBACK_PEER_GONE : 0;
-		else if (!peer_backlogged(st, dir ^ 1, redirected + len))
+			reason = (room = valve_room(msg, st, len, offset, &mroom)) ? SL_C_FALLBACK_PEER_GONE : 0;
+		else if (!peer_backlogged(st, dir ^ 1, redirected + len, offset, &mroom))
 			reason = SL_C_FALLBACK_PEER_GONE;
-		if (reason == SL_C_FALLBACK_PEER_GONE && small && small_stream(msg, st, c, dir, len, redirected))
-			reason = SL_C_FALLBACK_SMALL_STREAM;
 		if (win > room)
 			win = room > len ? room : 0;
+		/* A window may cover as many sends as it has bytes beyond
+		 * this one's (msgs_held), so windows take only the first half
+		 * of the peer's budget of messages: past it, a verdict per
+		 * send counts them exactly. A window cut short ends at a whole
+		 * number of sends of this size (else it splits the send that
+		 * crosses its end in two messages and two verdicts); a large
+		 * send's is then gone. */
+		__u32 half = msg_budget() / 2;
+		__u32 avail = mroom > half ? mroom - half : 0;
+		if (win > (__u64)len + avail)
+			win = len < sl_settings.verdict_window && avail >= len ? len + avail / len * len : 0;
+		if (reason == SL_C_FALLBACK_PEER_GONE && win && len < sl_settings.verdict_window &&
+		    small_stream(msg, st, c, dir, len, redirected))
+			reason = SL_C_FALLBACK_SMALL_STREAM;
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
 				__u64 window = 0;
 				if (win && !bpf_msg_apply_bytes(msg, win)) {
 					st->win_left = win - len;
+					st->win_bytes = win;
 					window = 1;
 				}
+				msgs_note(st, window ? win : 0, len);
 				if (cap)
 					capture(msg, cap, c, st, dir, offset, len);
 				redirected += len;

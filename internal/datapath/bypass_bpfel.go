@@ -142,12 +142,13 @@ const (
 	bypassSlCounterSL_C_VALVE_CLOSES            bypassSlCounter = 36
 	bypassSlCounterSL_C_VALVE_BYTES             bypassSlCounter = 37
 	bypassSlCounterSL_C_SMALL_STREAM_NODELAY    bypassSlCounter = 38
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 39
+	bypassSlCounterSL_C_MSG_BUDGET              bypassSlCounter = 39
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 40
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [39]uint64
+	C [40]uint64
 }
 
 type bypassSlDefaults uint32
@@ -240,7 +241,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 34
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 35
 )
 
 type bypassSlListener struct {
@@ -346,30 +347,36 @@ const (
 )
 
 type bypassSlSock struct {
-	_         structs.HostLayout
-	SelfId    uint32
-	PeerId    uint32
-	Slot      uint32
-	Gen       uint32
-	BaseSeq   uint32
-	Role      uint8
-	Path      uint8
-	Evict     uint8
-	InMap     uint8
-	EvictPeer uint8
-	Checked   uint8
-	Learn     uint8
-	Signals   uint8
-	WinLeft   uint32
-	OverSince uint32
-	CheckLeft uint32
-	WinAt     uint32
-	RevSeen   uint32
-	Streak    uint8
-	Valve     uint8
-	Lowat     uint8
-	ValveMark uint8
-	ValveSeq  uint32
+	_           structs.HostLayout
+	SelfId      uint32
+	PeerId      uint32
+	Slot        uint32
+	Gen         uint32
+	BaseSeq     uint32
+	Role        uint8
+	Path        uint8
+	Evict       uint8
+	InMap       uint8
+	EvictPeer   uint8
+	Checked     uint8
+	Learn       uint8
+	Signals     uint8
+	WinLeft     uint32
+	OverSince   uint32
+	CheckLeft   uint32
+	WinAt       uint32
+	RevSeen     uint32
+	Streak      uint8
+	Valve       uint8
+	Lowat       uint8
+	ValveMark   uint8
+	ValveSeq    uint32
+	MqOld       uint32
+	MqNew       uint32
+	MqEnd       uint64
+	WinBytes    uint32
+	NodelaySeen uint8
+	Pad         [3]uint8
 }
 
 type bypassSlTuple struct {

@@ -20,14 +20,16 @@ struct sl_config {
 	enum sl_mode bypass;
 	/* Receiver backlog (bytes queued in the peer's socket) above which a
 	 * direction moves to TCP, whose window then pushes back on the
-	 * sender. 0 disables the check; a request's 0 loads
-	 * net.ipv4.tcp_rmem[2]. */
+	 * sender; one message per SL_MSG_COST of it is the peer's budget of
+	 * queued messages (msg_budget). 0 disables the check; a request's 0
+	 * loads net.ipv4.tcp_rmem[2]. */
 	__u32 backlog_limit;
 	/* Sends smaller than this many bytes redirect under one verdict for
 	 * the next verdict_window bytes (bpf_msg_apply_bytes): the kernel
 	 * then moves them without running sl_msg, which is most of a small
 	 * send's cost. Larger sends under SL_LARGE_WINDOW (256 KiB) open a
-	 * window of SL_LARGE_WINDOW bytes. The program runs again once a
+	 * window of SL_LARGE_WINDOW bytes. Either only within half the peer's
+	 * budget of messages (msgs_held). The program runs again once a
 	 * window is used up, so every decision (backlog, fallback) is at
 	 * most one window late. A direction's first send never opens one: its verdict
 	 * count is exact up to there, which is what tells a brief connection.

@@ -58,6 +58,8 @@ enum sl_counter {
 	SL_C_VALVE_BYTES,             /* bytes the open valve passed to TCP (in pass_bytes too) */
 	SL_C_SMALL_STREAM_NODELAY,    /* fast one-way streams of small sends kept in the bypass: the writer
 				       * set TCP_NODELAY, so TCP would send each write on its own */
+	SL_C_MSG_BUDGET,              /* a receiver's queue held its budget of messages (msg_budget):
+				       * the valve opened, or the direction moved to TCP (backlog) */
 	SL_C_MAX,
 };
 
@@ -67,7 +69,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 34,
+	SL_LAYOUT_VERSION = 35,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -212,6 +214,18 @@ enum sl_sig_mask {
  * (TCP_NOTSENT_LOWAT, set where the application has not), so that each
  * pass through TCP is about one send, not a send buffer. */
 #define SL_VALVE_MARGIN (64u << 10)
+/* A redirected send is a message in its receiver's queue until read: a
+ * struct sk_msg (712 bytes on 6.1-6.18) from kmalloc-1k, besides its bytes,
+ * charged to no cgroup and counted by no socket buffer (the kernel charges
+ * the receiver the bytes only). Without a bound, 1-byte sends to a reader
+ * that does not read pinned a KiB of kernel memory each, up to the backlog
+ * limit's worth of sends (a GiB and more per connection, where TCP counts
+ * each segment's true size against the receive buffer). A direction's peer
+ * holds at most the backlog limit's worth of them, at SL_MSG_COST each
+ * (msg_budget in sl_verdict.h; 6,144 at the default 6 MiB): as much kernel
+ * memory as TCP lets one receive buffer grow to, twice it through the
+ * backlog rule's grace. */
+#define SL_MSG_COST 1024u
 /* A receiver's buffer TCP has not grown (twice the default 128 KiB
  * tcp_rmem[1]), and the valve's limit under it (valve_room). */
 #define SL_VALVE_SMALL_BUF (256u << 10)

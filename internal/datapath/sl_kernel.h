@@ -179,6 +179,13 @@ static __always_inline struct sk_psock *psock_of(struct sock *sk)
 	return (struct sk_psock *)((unsigned long)sk->sk_user_data & SL_USER_DATA_PTRMASK);
 }
 
+/* Whether queued_bytes counts bytes (sk_psock.msg_tot_len), not only
+ * whether any are queued. */
+static __always_inline int psock_counts_bytes(void)
+{
+	return bpf_core_field_exists(((struct sk_psock *)0)->msg_tot_len);
+}
+
 /* Bytes redirected into sk and not yet read by its application. On a
  * kernel without sk_psock.msg_tot_len: 1 if any are queued, else 0 (what
  * leaving the map safely needs; the backlog rule is then off, since no

@@ -184,8 +184,8 @@ struct sl_sock {
 			  * of 2^10 ns (small_stream) */
 	__u32 rev_seen;  /* what the other direction had sent then (small_stream) */
 	__u8 streak;     /* windows of small sends used up fast since the other
-			  * direction last sent, up to SL_STREAM_WINDOWS (one
-			  * more: a TCP_NODELAY stream, counted; small_stream) */
+			  * direction last sent, up to SL_STREAM_WINDOWS
+			  * (small_stream) */
 	__u8 valve;      /* this socket's sends pass to TCP until its peer has
 			  * caught up (valve_room) */
 	__u8 lowat;      /* enum sl_lowat: the TCP_NOTSENT_LOWAT the open valve
@@ -193,6 +193,13 @@ struct sl_sock {
 	__u8 valve_mark; /* the open valve passed a send: what TCP took since
 			  * valve_seq is not counted yet (valve_credit) */
 	__u32 valve_seq; /* write_seq when the open valve last passed a send */
+	__u32 mq_old;    /* messages redirected to the peer before mq_end, at
+			  * most (msgs_held) */
+	__u32 mq_new;    /* messages redirected since mq_end, at most */
+	__u64 mq_end;    /* the stream offset mq_old's messages end before */
+	__u32 win_bytes; /* the size of the verdict window last opened (small_stream) */
+	__u8 nodelay_seen; /* this stream was counted as kept for TCP_NODELAY (small_stream) */
+	__u8 pad[3];
 };
 
 /* A socket waiting to leave the map (sl_evict_timers, keyed by its key in

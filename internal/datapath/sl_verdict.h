@@ -108,24 +108,74 @@ static __always_inline void check_server(struct sk_msg_md *msg, struct sl_sock *
 		leave_for_blocking(st, c);
 }
 
+/* The messages a receiver's queue may hold (SL_MSG_COST in sl_consts.h):
+ * the backlog limit's worth, at least 2. */
+static __always_inline __u32 msg_budget(void)
+{
+	__u32 b = sl_settings.backlog_limit / SL_MSG_COST;
+	return b > 2 ? b : 2;
+}
+
+/* The messages st's redirects left in its peer's queue, at most
+ * (SL_MSG_COST in sl_consts.h: each redirected send is one until read,
+ * whatever its size). Counted without seeing the sends under a verdict
+ * window: one opened by a len-byte send for w bytes covers at most
+ * w - len + 1 sends (msgs_note). Two spans of the direction's byte stream
+ * are kept: mq_old, sent before mq_end, and mq_new, since. What the reader
+ * has consumed is offset (where this send starts) less what is queued;
+ * once that reaches mq_end, mq_old's messages are read, and mq_new's take
+ * their place, ending at offset. It is exact where every byte sent before
+ * offset reached the reader: in the bypass, and with the valve closed (it
+ * closes only once TCP delivered all it passed). Bytes that reached the
+ * reader around sk_msg (sent before the join, or by sendfile) are counted
+ * as unread, which only delays the turn. Called only where sk_psock counts
+ * queued bytes (psock_counts_bytes). */
+static __always_inline __u32 msgs_held(struct sl_sock *st, __u64 offset, __u32 queued)
+{
+	if (!queued) {
+		st->mq_old = 0;
+		st->mq_new = 0;
+		st->mq_end = offset;
+	} else if (queued <= offset && offset - queued >= st->mq_end) {
+		st->mq_old = st->mq_new;
+		st->mq_new = 0;
+		st->mq_end = offset;
+	}
+	__u32 held = st->mq_old + st->mq_new;
+	return held < st->mq_old ? ~0u : held;
+}
+
+/* Counts a redirect's messages (msgs_held): this send, and the sends its
+ * window of win bytes may cover, one byte each at the worst. */
+static __always_inline void msgs_note(struct sl_sock *st, __u32 win, __u32 len)
+{
+	__u32 n = win > len ? win - len + 1 : 1;
+	st->mq_new = st->mq_new + n < st->mq_new ? ~0u : st->mq_new + n;
+}
+
 /* Whether the direction of st should leave the bypass because its peer
  * is not reading: the kernel charges redirected bytes to the receiver but
  * never compares them with its buffer, so without this a slow reader grows
- * without bound. The limit is max(SO_RCVBUF, backlog_limit). A queue over
- * it counts once it has stayed over for SL_BACKLOG_GRACE (a writer on its
- * reader's CPU runs a scheduler slice ahead, tens of MiB at 64 KiB sends,
- * and the reader then drains it), or at once over SL_BACKLOG_CAP times it.
+ * without bound. The limit is max(SO_RCVBUF, backlog_limit) bytes, and
+ * msg_budget() messages (msgs_held). A queue over either counts once it
+ * has stayed over for SL_BACKLOG_GRACE (a writer on its reader's CPU runs
+ * a scheduler slice ahead, tens of MiB at 64 KiB sends, and the reader
+ * then drains it), or at once over SL_BACKLOG_CAP times it.
  * The time is read only while over the limit, the queue once per
  * SL_BACKLOG_CHECK_BYTES sent while under it (sent: the bytes since the
- * last run). */
-static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, __u32 sent)
+ * last run), or when the messages counted reach the budget. *mroom: the
+ * messages the peer may still take after this send. */
+static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, __u32 sent, __u64 offset, __u32 *mroom)
 {
-	if (!sl_settings.backlog_limit)
+	if (!sl_settings.backlog_limit || !psock_counts_bytes())
 		return 0;
 	/* Under the limit when last read: read again once
-	 * SL_BACKLOG_CHECK_BYTES more were sent. */
-	if (!st->over_since && st->check_left > sent) {
+	 * SL_BACKLOG_CHECK_BYTES more were sent, or the messages counted
+	 * since (at most) leave no room for this one. */
+	__u32 held = st->mq_old + st->mq_new, budget = msg_budget();
+	if (!st->over_since && st->check_left > sent && held >= st->mq_old && held < budget - 1) {
 		st->check_left -= sent;
+		*mroom = budget - 1 - held;
 		return 0;
 	}
 	st->check_left = SL_BACKLOG_CHECK_BYTES;
@@ -137,18 +187,26 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 	int rcvbuf = peer->sk_rcvbuf;
 	if (rcvbuf > 0 && (__u64)rcvbuf > limit)
 		limit = rcvbuf;
-	if (queued <= limit) {
+	held = msgs_held(st, offset, queued);
+	*mroom = held < budget ? budget - 1 - held : 0;
+	if (queued <= limit && held < budget) {
 		st->over_since = 0;
 		return 0;
 	}
-	if (queued > SL_BACKLOG_CAP * limit)
-		return 1;
+	int msgs = queued <= limit;
+	if (queued > SL_BACKLOG_CAP * limit || held >= SL_BACKLOG_CAP * budget)
+		goto over;
 	__u32 now = (__u32)(bpf_ktime_get_ns() >> 20) | 1;
 	if (!st->over_since) {
 		st->over_since = now;
 		return 0;
 	}
-	return now - st->over_since > SL_BACKLOG_GRACE;
+	if (now - st->over_since <= SL_BACKLOG_GRACE)
+		return 0;
+over:
+	if (msgs)
+		count(SL_C_MSG_BUDGET, 1);
+	return 1;
 }
 
 /* The valve (--slow-readers valve, SL_VALVE_* in sl_consts.h): the bytes
@@ -194,8 +252,11 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
  * It closes once the peer's TCP has every byte sent through it, each of
  * them is in the peer's psock queue or read (none waits in TCP's receive
  * queue or for the psock's worker: a redirect would overtake it), and the
- * queue is under half the limit. */
-static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, __u32 len)
+ * queue is under half the limit.
+ * It opens too for a send that finds the peer's queue holding msg_budget()
+ * messages (msgs_held), and closes only once it holds at most half of them.
+ * *mroom: the messages the peer may still take after this send. */
+static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, __u32 len, __u64 offset, __u32 *mroom)
 {
 	struct sock *peer = member_sock(st->slot, st->role ^ 1);
 	if (!peer)
@@ -225,17 +286,28 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 		if (limit < floor)
 			limit = floor;
 	}
+	__u32 held, budget = msg_budget();
 	if (st->valve) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
 		if (!tp || queued > limit / 2 || tcp_rcv_nxt(peer) != tp->write_seq || tcp_bytes_waiting(peer))
 			return 0;
+		/* Read only now: until TCP delivered what the valve passed,
+		 * offset counts bytes the reader cannot have read. */
+		if ((held = msgs_held(st, offset, queued)) > budget / 2)
+			return 0;
 		st->valve = 0;
 		count(SL_C_VALVE_CLOSES, 1);
+	} else if ((held = msgs_held(st, offset, queued)) >= budget) {
+		st->valve = 1;
+		count(SL_C_VALVE_OPENS, 1);
+		count(SL_C_MSG_BUDGET, 1);
+		return 0;
 	} else if (queued + len > limit && queued > limit / 2) {
 		st->valve = 1;
 		count(SL_C_VALVE_OPENS, 1);
 		return 0;
 	}
+	*mroom = budget - 1 - held;
 	return queued < limit ? limit - queued : 1;
 }
 
@@ -256,18 +328,23 @@ static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *s
 	 * peer (a stale snapshot only makes the next window count less). */
 	if (len >= SL_STREAM_SMALL) {
 		st->streak = 0;
+		st->nodelay_seen = 0;
 		return 0;
 	}
 	__u32 now = (__u32)(bpf_ktime_get_ns() >> 10);
 	__u32 other = dir ^ 1;
 	__u32 rev = (__u32)(c->msgs[other] + c->tcp_msgs[other]) * 65537u + window_left(member_sock(st->slot, other));
 	/* Anything sent the other way starts over; a window used up slowly
-	 * (its sends, about verdict_window / len of them, more than
+	 * (its sends, about win_bytes / len of them, more than
 	 * SL_STREAM_GAP apart on average: a pause, a preempted writer) does
-	 * not count. */
-	if (!window_used || rev != st->rev_seen)
+	 * not count, and verdicts without one (a reader behind by half its
+	 * budget of messages) break the streak but not the stream. */
+	if (rev != st->rev_seen) {
 		st->streak = 0;
-	else if ((__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * sl_settings.verdict_window &&
+		st->nodelay_seen = 0;
+	} else if (!window_used)
+		st->streak = 0;
+	else if ((__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * st->win_bytes &&
 		 st->streak < SL_STREAM_WINDOWS)
 		st->streak++;
 	st->win_at = now;
@@ -277,10 +354,10 @@ static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *s
 	/* Read at each window: the writer may turn Nagle back on. */
 	if (tcp_coalesces(bpf_skc_to_tcp_sock(msg->sk)))
 		return 1;
-	/* Counted once a stream (the streak then stays one past its top
-	 * until the other direction sends or a larger send starts over). */
-	if (st->streak == SL_STREAM_WINDOWS) {
-		st->streak = SL_STREAM_WINDOWS + 1;
+	/* Counted once a stream: until the other direction sends or a
+	 * larger send starts over. */
+	if (!st->nodelay_seen) {
+		st->nodelay_seen = 1;
 		count(SL_C_SMALL_STREAM_NODELAY, 1);
 	}
 	return 0;

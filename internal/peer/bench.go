@@ -279,6 +279,10 @@ type StreamOpts struct {
 	// blocking sockets, as C programs'). With it off TCP holds small
 	// writes while data is unacknowledged (Nagle).
 	NoDelay int
+	// Large is the size of a write made after the first (0: none): a
+	// large send opens a verdict window that may cover the writes after
+	// it unseen.
+	Large int
 }
 
 // StreamPaced is Stream as opts say.
@@ -307,6 +311,11 @@ func StreamPaced(ctx context.Context, addr string, mode IO, size int, d time.Dur
 			return Throughput{}, fmt.Errorf("writing: %w", err)
 		}
 		msgs++
+		if msgs == 1 && opts.Large > 0 {
+			if _, err := c.Write(make([]byte, opts.Large)); err != nil {
+				return Throughput{}, fmt.Errorf("writing the large send: %w", err)
+			}
+		}
 		if interval > 0 {
 			time.Sleep(interval)
 		}
@@ -320,7 +329,7 @@ func StreamPaced(ctx context.Context, addr string, mode IO, size int, d time.Dur
 	}
 	secs := time.Since(start).Seconds()
 	n := binary.BigEndian.Uint64(b[:])
-	if want := uint64(msgs) * uint64(size); n != want {
+	if want := uint64(msgs)*uint64(size) + uint64(max(opts.Large, 0)); n != want {
 		return Throughput{}, fmt.Errorf("sink received %d bytes, %d were sent", n, want)
 	}
 	return Throughput{Size: size, Bytes: n, Seconds: secs, MBps: float64(n) / secs / 1e6, MsgRate: float64(msgs) / secs}, nil

@@ -26,7 +26,9 @@ func TestSmallStreams(t *testing.T) {
 	)
 	for _, setting := range []string{"tcp", "bypass"} {
 		t.Run(setting, func(t *testing.T) {
-			_, in, srv, cli := serverClient(t, "--small-streams", setting)
+			// A backlog limit of 8 MiB: a budget of 8,192 messages, half of
+			// which lets every window be the full 4 KiB (msgs_held).
+			_, in, srv, cli := serverClient(t, "--small-streams", setting, "--backlog-limit", "8388608")
 			sink, echo := fmt.Sprintf("0.0.0.0:%d", port), fmt.Sprintf("0.0.0.0:%d", port+1)
 			start(t, srv, in.Bin, "peer", "sink", sink)
 			start(t, srv, in.Bin, "peer", "echo", echo)
