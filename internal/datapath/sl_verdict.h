@@ -116,6 +116,13 @@ static __always_inline __u32 msg_budget(void)
 	return b > 2 ? b : 2;
 }
 
+/* mq_old + mq_new, saturating. */
+static __always_inline __u32 msgs_counted(struct sl_sock *st)
+{
+	__u32 held = st->mq_old + st->mq_new;
+	return held < st->mq_old ? ~0u : held;
+}
+
 /* The messages st's redirects left in its peer's queue, at most
  * (SL_MSG_COST in sl_consts.h: each redirected send is one until read,
  * whatever its size). Counted without seeing the sends under a verdict
@@ -141,8 +148,7 @@ static __always_inline __u32 msgs_held(struct sl_sock *st, __u64 offset, __u32 q
 		st->mq_new = 0;
 		st->mq_end = offset;
 	}
-	__u32 held = st->mq_old + st->mq_new;
-	return held < st->mq_old ? ~0u : held;
+	return msgs_counted(st);
 }
 
 /* Counts a redirect's messages (msgs_held): this send, and the sends its
@@ -172,8 +178,8 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 	/* Under the limit when last read: read again once
 	 * SL_BACKLOG_CHECK_BYTES more were sent, or the messages counted
 	 * since (at most) leave no room for this one. */
-	__u32 held = st->mq_old + st->mq_new, budget = msg_budget();
-	if (!st->over_since && st->check_left > sent && held >= st->mq_old && held < budget - 1) {
+	__u32 held = msgs_counted(st), budget = msg_budget();
+	if (!st->over_since && st->check_left > sent && held < budget - 1) {
 		st->check_left -= sent;
 		*mroom = budget - 1 - held;
 		return 0;
