@@ -616,17 +616,19 @@ int sl_msg(struct sk_msg_md *msg)
 		__u32 avail = mroom > half ? mroom - half : 0;
 		if (win > (__u64)len + avail)
 			win = len < sl_settings.verdict_window && avail >= len ? len + avail / len * len : 0;
-		if (reason == SL_C_FALLBACK_PEER_GONE && win && len < sl_settings.verdict_window &&
-		    small_stream(msg, st, c, dir, len, redirected))
+		if (reason == SL_C_FALLBACK_PEER_GONE && len < sl_settings.verdict_window && small_stream(msg, st, c, dir, len))
 			reason = SL_C_FALLBACK_SMALL_STREAM;
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
 				__u64 window = 0;
 				if (win && !bpf_msg_apply_bytes(msg, win)) {
 					st->win_left = win - len;
-					st->win_bytes = win;
 					window = 1;
 				}
+				/* What this verdict redirects, for small_stream's unit
+				 * (of small sends only: a larger one starts over). */
+				__u32 unit = st->win_bytes + (window ? win : len);
+				st->win_bytes = len >= SL_STREAM_SMALL ? 0 : unit < st->win_bytes ? ~0u : unit;
 				msgs_note(st, window ? win : 0, len);
 				if (cap)
 					capture(msg, cap, c, st, dir, offset, len);

@@ -247,12 +247,14 @@ enum sl_lowat {
 #define SL_EVICT_MAX_SHIFT 6
 #define SL_EVICT_FOR_NS 10000000000ull
 
-/* Streams of small sends (see small_stream in bypass.c): a direction whose
- * sends are smaller than SL_STREAM_SMALL bytes moves to TCP once
- * SL_STREAM_WINDOWS verdict windows were used up with nothing sent the
- * other way (which starts the count over), each at most SL_STREAM_GAP
- * units of 2^10 ns (about 8 us) a send on average (slower ones do not
- * count): there TCP coalesces the writes into segments
+/* Streams of small sends (see small_stream in sl_verdict.h): a direction
+ * whose sends are smaller than SL_STREAM_SMALL bytes moves to TCP once
+ * SL_STREAM_WINDOWS units of sends (a verdict window's worth of bytes,
+ * redirected under windows or, when the reader's budget of messages
+ * leaves none, send by send) went with nothing sent the other way (which
+ * starts the count over), each at most SL_STREAM_GAP units of 2^10 ns
+ * (about 8 us) a send on average (slower ones do not count):
+ * there TCP coalesces the writes into segments
  * (Nagle, autocork) and wakes the reader once per segment, the bypass once
  * per send. 8 us is above the bypass's own cost of a 1-byte send across
  * CPUs (about 5 us, the receiver's lock taken per send), so a writer the

@@ -180,11 +180,12 @@ struct sl_sock {
 			   * units of 2^20 ns (| 1); 0 while under it */
 	__u32 check_left; /* bytes to send before the peer's backlog is read
 			   * again (SL_BACKLOG_CHECK_BYTES) */
-	__u32 win_at;    /* when the open verdict window was opened, in units
-			  * of 2^10 ns (small_stream) */
-	__u32 rev_seen;  /* what the other direction had sent then (small_stream) */
-	__u8 streak;     /* windows of small sends used up fast since the other
-			  * direction last sent, up to SL_STREAM_WINDOWS
+	__u32 win_at;    /* when small_stream's current unit of sends began, in
+			  * units of 2^10 ns */
+	__u32 rev_seen;  /* what the other direction had sent at the last
+			  * verdict (small_stream) */
+	__u8 streak;     /* units of small sends redirected fast since the
+			  * other direction last sent, up to SL_STREAM_WINDOWS
 			  * (small_stream) */
 	__u8 valve;      /* this socket's sends pass to TCP until its peer has
 			  * caught up (valve_room) */
@@ -197,7 +198,8 @@ struct sl_sock {
 			  * most (msgs_held) */
 	__u32 mq_new;    /* messages redirected since mq_end, at most */
 	__u64 mq_end;    /* the stream offset mq_old's messages end before */
-	__u32 win_bytes; /* the size of the verdict window last opened (small_stream) */
+	__u32 win_bytes; /* bytes redirected since win_at: windows, and sends
+			  * without one (small_stream) */
 	__u8 nodelay_seen; /* this stream was counted as kept for TCP_NODELAY (small_stream) */
 	__u8 pad[3];
 };

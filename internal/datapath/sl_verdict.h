@@ -319,45 +319,55 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 
 /* Whether the direction of st streams small sends one way, fast enough
  * that TCP, which coalesces them, is faster (SL_STREAM_* in sl_consts.h).
- * Runs where a small send opens a verdict window, so once a window:
- * window_used is what was left of the previous one (0 if none was open),
- * and what the other direction had sent when it opened (its verdicts, and
- * what is left of its own window) is compared with what it has sent now.
- * A writer that set TCP_NODELAY keeps the bypass: TCP would send each of
- * its writes as a segment of its own, slower than the bypass's message. */
-static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 dir, __u32 len,
-					__u64 window_used)
+ * Runs at every verdict of a small send the bypass would redirect, with
+ * or without a window. The sends are judged in units of at least
+ * verdict_window bytes: st->win_bytes is what the verdicts since
+ * st->win_at redirected (a window's bytes, or the send alone when a
+ * reader behind by half its budget of messages leaves no room for one:
+ * msgs_held), so a unit is one full window, or the windowless sends that
+ * add up to one. At the verdict that completes a unit, its sends (about
+ * win_bytes / len of them) count toward the streak if they came at most
+ * SL_STREAM_GAP apart on average; a slower unit (a pause, a preempted
+ * writer) does not count. Anything sent the other way (its verdicts, and
+ * what is left of its own window, compared with what it had sent at the
+ * last verdict) starts it over too. A writer that set TCP_NODELAY keeps
+ * the bypass: TCP would send each of its writes as a segment of its own,
+ * slower than the bypass's message. */
+static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 dir, __u32 len)
 {
 	if (sl_settings.bypass_small_streams == SL_MODE_ON)
 		return 0;
 	/* A larger send starts over; it needs neither the clock nor the
-	 * peer (a stale snapshot only makes the next window count less). */
+	 * peer (a stale snapshot only makes the next unit count less). */
 	if (len >= SL_STREAM_SMALL) {
 		st->streak = 0;
 		st->nodelay_seen = 0;
+		st->win_bytes = 0;
 		return 0;
 	}
 	__u32 now = (__u32)(bpf_ktime_get_ns() >> 10);
 	__u32 other = dir ^ 1;
 	__u32 rev = (__u32)(c->msgs[other] + c->tcp_msgs[other]) * 65537u + window_left(member_sock(st->slot, other));
-	/* Anything sent the other way starts over; a window used up slowly
-	 * (its sends, about win_bytes / len of them, more than
-	 * SL_STREAM_GAP apart on average: a pause, a preempted writer) does
-	 * not count, and verdicts without one (a reader behind by half its
-	 * budget of messages) break the streak but not the stream. */
 	if (rev != st->rev_seen) {
+		st->rev_seen = rev;
 		st->streak = 0;
 		st->nodelay_seen = 0;
-	} else if (!window_used)
-		st->streak = 0;
-	else if ((__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * st->win_bytes &&
-		 st->streak < SL_STREAM_WINDOWS)
-		st->streak++;
+		st->win_bytes = 0;
+		st->win_at = now;
+		return 0;
+	}
+	if (st->win_bytes < sl_settings.verdict_window)
+		return 0; /* the unit goes on: this send joins it */
+	int fast = (__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * st->win_bytes;
+	st->win_bytes = 0;
 	st->win_at = now;
-	st->rev_seen = rev;
+	if (!fast)
+		return 0;
+	if (st->streak < SL_STREAM_WINDOWS)
+		st->streak++;
 	if (st->streak < SL_STREAM_WINDOWS)
 		return 0;
-	/* Read at each window: the writer may turn Nagle back on. */
+	/* Read at each unit: the writer may turn Nagle back on. */
 	if (tcp_coalesces(bpf_skc_to_tcp_sock(msg->sk)))
 		return 1;
 	/* Counted once a stream: until the other direction sends or a

@@ -10,9 +10,12 @@ import (
 
 // TestSmallStreams: with --small-streams tcp (the default), a fast one-way
 // stream of small sends whose writer leaves Nagle on moves to TCP, which
-// coalesces the writes, once SL_STREAM_WINDOWS (4) verdict windows in a row
-// were used up with nothing sent back and the sends close together; both
-// sockets then leave the map and every byte arrives. The same stream from a
+// coalesces the writes, once SL_STREAM_WINDOWS (4) units of a verdict
+// window's bytes went with nothing sent back and the sends close together;
+// both sockets then leave the map and every byte arrives. So does the same
+// stream to a reader that starts reading late: past half the reader's
+// budget of messages (msgs_held) its sends get a verdict each, without
+// windows, and those verdicts make up the units. The same stream from a
 // writer that set TCP_NODELAY (Go's default), which TCP would send a
 // segment per write, stays and is counted (small_stream_nodelay). Ping-pong
 // of the same messages (the other direction sends between windows), a
@@ -29,11 +32,13 @@ func TestSmallStreams(t *testing.T) {
 			// A backlog limit of 8 MiB: a budget of 8,192 messages, half of
 			// which lets every window be the full 4 KiB (msgs_held).
 			_, in, srv, cli := serverClient(t, "--small-streams", setting, "--backlog-limit", "8388608")
-			sink, echo := fmt.Sprintf("0.0.0.0:%d", port), fmt.Sprintf("0.0.0.0:%d", port+1)
+			sink, echo, late := fmt.Sprintf("0.0.0.0:%d", port), fmt.Sprintf("0.0.0.0:%d", port+1), fmt.Sprintf("0.0.0.0:%d", port+2)
 			start(t, srv, in.Bin, "peer", "sink", sink)
 			start(t, srv, in.Bin, "peer", "echo", echo)
+			start(t, srv, in.Bin, "peer", "sink", late, "--delay", "300ms")
 			waitPort(t, srv, sink)
 			waitPort(t, srv, echo)
+			waitPort(t, srv, late)
 			to := func(p int) string { return fmt.Sprintf("%s:%d", srv.IPv4, p) }
 			nagle := []string{"--nodelay", "-1"}
 			for _, tc := range []struct {
@@ -42,12 +47,16 @@ func TestSmallStreams(t *testing.T) {
 				sent    uint64 // bytes the client sends
 				moves   bool   // with --small-streams tcp
 				nodelay bool   // kept for TCP_NODELAY, with --small-streams tcp
+				windows uint64 // at most this many verdict windows before the move (0: any)
 			}{
-				{"fast stream", append([]string{"stream", to(port), "--size", "16", "--count", "40000"}, nagle...), 16 * 40000, true, false},
-				{"fast stream, TCP_NODELAY", []string{"stream", to(port), "--size", "16", "--count", "40000", "--nodelay", "1"}, 16 * 40000, false, true},
-				{"ping-pong", []string{"pingpong", to(port + 1), "--size", "16", "--count", "4000", "--warmup", "0"}, 16 * 4000, false, false},
-				{"slow stream", append([]string{"stream", to(port), "--size", "16", "--count", "2000", "--interval", "200us"}, nagle...), 16 * 2000, false, false},
-				{"128-byte sends", append([]string{"stream", to(port), "--size", "128", "--count", "20000"}, nagle...), 128 * 20000, false, false},
+				{"fast stream", append([]string{"stream", to(port), "--size", "16", "--count", "40000"}, nagle...), 16 * 40000, true, false, 0},
+				// One window (4,081 messages at the worst) takes the
+				// budget's first half: every later send gets a verdict.
+				{"fast stream, late reader", append([]string{"stream", to(port + 2), "--size", "16", "--count", "40000"}, nagle...), 16 * 40000, true, false, 2},
+				{"fast stream, TCP_NODELAY", []string{"stream", to(port), "--size", "16", "--count", "40000", "--nodelay", "1"}, 16 * 40000, false, true, 0},
+				{"ping-pong", []string{"pingpong", to(port + 1), "--size", "16", "--count", "4000", "--warmup", "0"}, 16 * 4000, false, false, 0},
+				{"slow stream", append([]string{"stream", to(port), "--size", "16", "--count", "2000", "--interval", "200us"}, nagle...), 16 * 2000, false, false, 0},
+				{"128-byte sends", append([]string{"stream", to(port), "--size", "128", "--count", "20000"}, nagle...), 128 * 20000, false, false, 0},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					before := in.Counters()
@@ -76,6 +85,10 @@ func TestSmallStreams(t *testing.T) {
 					// later, but within the stream's first half (it
 					// sends 156 windows; a CI machine once took 55).
 					mustEqual(t, d, "fallback_small_stream", 1)
+					t.Logf("moved after %d bytes redirected: %d verdicts, %d windows", d["redirect_bytes"], d["redirect_msgs"], d["redirect_windows"])
+					if tc.windows != 0 && d["redirect_windows"] > tc.windows {
+						t.Errorf("%d verdict windows, want at most %d: the move was not judged on verdicts without windows (%s)", d["redirect_windows"], tc.windows, nonzero(d))
+					}
 					if r := d["redirect_bytes"]; r < 16+4*window || r > 16+78*window {
 						t.Errorf("%d bytes redirected before the move, want %d to %d (%s)", r, 16+4*window, 16+78*window, nonzero(d))
 					}
