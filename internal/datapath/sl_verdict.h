@@ -230,16 +230,13 @@ over:
  * too without asking). A queue within that window of SO_RCVBUF leaves the
  * receiver no room: it advertises a zero window and drops the rest of the
  * flight (TCPZeroWindowDrop), which costs the writer a retransmission
- * timeout (200 ms or more) each time; a queue that leaves the whole window
- * free never lets TCP raise the buffer (below). Half of it, measured on
- * 6.18 with iperf3 on one CPU, drops nothing and the buffer still grows
- * (docs/benchmarks.md, The valve's window), but only while TCP can still
- * raise it by that much: a segment past SO_RCVBUF raises it to what is
- * queued (tcp_clamp_window) up to tcp_rmem[2], and never one the
- * application set; past that the segment makes the receiver advertise a
- * zero window at once and drop the rest of the flight. So the queue
- * leaves the whole window free, less what the buffer may still grow by,
- * at most half of it (rcvbuf_growth).
+ * timeout (200 ms or more) each time. So the queue leaves the whole
+ * window free. Leaving half of it while the buffer might still grow by
+ * that much (TCP's segment past SO_RCVBUF raising it, tcp_clamp_window)
+ * dropped in 7 of 95 2-second runs of iperf3 on one CPU on 6.18 (a failed
+ * allocation stores a zero window, and the rest of the flight meets it),
+ * and was slower: 5.69 against 6.93 GB in 2 s, medians of 45 runs each
+ * (docs/benchmarks.md, The whole window, again).
  * A buffer only redirected bytes fill never grows (TCP's autotuning
  * counts what TCP delivers), so at the default 128 KiB the valve would
  * open at 64 KiB of queue under a reader that keeps up (python's
@@ -270,16 +267,12 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 	__u32 queued = queued_bytes(peer);
 	int rcvbuf = peer->sk_rcvbuf;
 	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
-	/* The room TCP's first flight needs: its whole window, less what
-	 * the receiver's TCP may still raise SO_RCVBUF by, at most half. */
-	__u32 full = tcp_window_open(peer), over = full / 2, grow = rcvbuf_growth(peer);
-	if (over > grow)
-		over = grow;
-	__u32 wnd = full - over;
-	if (rcvbuf <= 0 || wnd >= (__u32)rcvbuf)
+	/* The room TCP's first flight needs: its whole window. */
+	__u32 full = tcp_window_open(peer), grow = rcvbuf_growth(peer);
+	if (rcvbuf <= 0 || full >= (__u32)rcvbuf)
 		limit = 0;
-	else if (limit > (__u32)rcvbuf - wnd)
-		limit = (__u32)rcvbuf - wnd;
+	else if (limit > (__u32)rcvbuf - full)
+		limit = (__u32)rcvbuf - full;
 	/* The floor under a buffer TCP has not grown, as far as the buffer
 	 * may be raised with twice the window free for the flight. */
 	if (rcvbuf > 0 && (__u32)rcvbuf <= SL_VALVE_SMALL_BUF) {
