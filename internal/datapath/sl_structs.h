@@ -182,8 +182,8 @@ struct sl_sock {
 			   * again (SL_BACKLOG_CHECK_BYTES) */
 	__u32 win_at;    /* when small_stream's current unit of sends began, in
 			  * units of 2^10 ns */
-	__u32 rev_seen;  /* what the other direction had sent at the last
-			  * verdict (small_stream) */
+	__u32 rev_seen;  /* what the other direction had sent when that unit
+			  * began (small_stream) */
 	__u8 streak;     /* units of small sends redirected fast since the
 			  * other direction last sent, up to SL_STREAM_WINDOWS
 			  * (small_stream) */

@@ -318,12 +318,13 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
  * st->win_at redirected (a window's bytes, or the send alone when a
  * reader behind by half its budget of messages leaves no room for one:
  * msgs_held), so a unit is one full window, or the windowless sends that
- * add up to one. At the verdict that completes a unit, its sends (about
- * win_bytes / len of them) count toward the streak if they came at most
- * SL_STREAM_GAP apart on average; a slower unit (a pause, a preempted
- * writer) does not count. Anything sent the other way (its verdicts, and
- * what is left of its own window, compared with what it had sent at the
- * last verdict) starts it over too. A writer that set TCP_NODELAY keeps
+ * add up to one. Only the verdict that completes a unit reads the clock
+ * and the peer: its sends (about win_bytes / len of them) count toward
+ * the streak if they came at most SL_STREAM_GAP apart on average; a
+ * slower unit (a pause, a preempted writer) does not count. Anything sent
+ * the other way during the unit (its verdicts, and what is left of its
+ * own window, compared with what it had sent when the unit began) starts
+ * the streak over. A writer that set TCP_NODELAY keeps
  * the bypass: TCP would send each of its writes as a segment of its own,
  * slower than the bypass's message. */
 static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 dir, __u32 len)
@@ -338,22 +339,23 @@ static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *s
 		st->win_bytes = 0;
 		return 0;
 	}
+	/* The unit goes on: this send joins it, and nothing else is read
+	 * (the other direction's count is cumulative, so what it sent
+	 * meanwhile shows at the unit's end). */
+	if (st->win_bytes < sl_settings.verdict_window)
+		return 0;
 	__u32 now = (__u32)(bpf_ktime_get_ns() >> 10);
 	__u32 other = dir ^ 1;
 	__u32 rev = (__u32)(c->msgs[other] + c->tcp_msgs[other]) * 65537u + window_left(member_sock(st->slot, other));
+	int fast = (__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * st->win_bytes;
+	st->win_bytes = 0;
+	st->win_at = now;
 	if (rev != st->rev_seen) {
 		st->rev_seen = rev;
 		st->streak = 0;
 		st->nodelay_seen = 0;
-		st->win_bytes = 0;
-		st->win_at = now;
 		return 0;
 	}
-	if (st->win_bytes < sl_settings.verdict_window)
-		return 0; /* the unit goes on: this send joins it */
-	int fast = (__u64)(now - st->win_at) * len <= (__u64)SL_STREAM_GAP * st->win_bytes;
-	st->win_bytes = 0;
-	st->win_at = now;
 	if (!fast)
 		return 0;
 	if (st->streak < SL_STREAM_WINDOWS)
