@@ -57,6 +57,7 @@ struct sl_enums {
 	enum sl_dir dir;
 	enum sl_word word;
 	enum sl_defaults defaults;
+	enum sl_window window;
 	enum sl_cap_limits cap_limits;
 	enum sl_mode mode;
 	enum sl_signals signals;

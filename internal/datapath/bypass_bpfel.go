@@ -391,6 +391,12 @@ type bypassSlTuple struct {
 	Pad        uint32
 }
 
+type bypassSlWindow uint32
+
+const (
+	bypassSlWindowSL_WINDOW_SENDS bypassSlWindow = 64
+)
+
 type bypassSlWord uint32
 
 const (

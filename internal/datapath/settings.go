@@ -38,7 +38,17 @@ const (
 const (
 	DefaultVerdictWindow = uint32(bypassSlDefaultsSL_DEFAULT_VERDICT_WINDOW)
 	MaxVerdictWindow     = uint32(bypassSlDefaultsSL_MAX_VERDICT_WINDOW)
+	// WindowSends is how many sends of its size a small send's verdict
+	// window holds at most (enum sl_window).
+	WindowSends = uint32(bypassSlWindowSL_WINDOW_SENDS)
 )
+
+// SmallWindow is the verdict window a send of size bytes under the verdict
+// window w opens (sl_verdict.h's small_window): WindowSends sends of its
+// size, at most w bytes.
+func SmallWindow(size, w uint32) uint32 {
+	return uint32(min(uint64(size)*uint64(WindowSends), uint64(w)))
+}
 
 // Default owner quotas and their bounds (enum sl_quota): the tables'
 // sizes.
@@ -165,13 +175,13 @@ func settingTable() []setting {
 		{name: "brief-connections", mode: func(s *Settings) *Mode { return &s.BypassBrief }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "connections to a destination whose last few connections from the same network namespace were brief (one send each way, then close): tcp (cheaper for them; one in 16 still joins the bypass to keep learning) or bypass"},
 		{name: "small-streams", mode: func(s *Settings) *Mode { return &s.BypassSmallStreams }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
-			usage: "a bypassed direction streaming sends under 128 bytes one way, fast (4 verdict windows used up with nothing sent back, each at sends about 8 us apart or closer): tcp (moved to TCP, which coalesces the writes, unless the writer set TCP_NODELAY; request/response traffic and slower streams keep the bypass) or bypass"},
+			usage: "a bypassed direction streaming sends under 128 bytes one way, fast (4 verdict windows of up to 64 sends used up with nothing sent back, each at sends about 8 us apart or closer): tcp (moved to TCP, which coalesces the writes, unless the writer set TCP_NODELAY; request/response traffic and slower streams keep the bypass) or bypass"},
 		{name: "slow-readers", mode: func(s *Settings) *Mode { return &s.BacklogValve }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "valve", ModeOff: "tcp"},
 			usage: "a bypassed direction whose reader falls behind: valve (its writer's sends pass to TCP, whose window paces it, while the reader's queue is near its SO_RCVBUF, less the window its TCP offered (half of it while TCP may still raise the buffer that much), and are redirected again once it caught up; an sk_skb verdict on the map puts TCP's bytes in the same queue, and bypassed sockets get a 16 KiB TCP_NOTSENT_LOWAT where their application set none; Linux 6.13 or later; docs/ARCHITECTURE.md, known limits), tcp (moved to TCP for good by the backlog rule, --backlog-limit), or auto (valve from Linux 6.13, tcp before)"},
 		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
 			usage: "sockets whose connects to service addresses are balanced at connect(): all (every managed socket, but pods opted out) or host (the host's network namespace only: pods' service traffic is left to kube-proxy, as a service mesh's sidecars need)"},
 		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,
-			usage: "sends smaller than this many bytes redirect under one verdict for the next this-many bytes, within half the receiver's budget of messages (--backlog-limit); larger ones under 256 KiB open one of 256 KiB only where that budget allows (not at the default limit) (0: a verdict per send)"},
+			usage: "sends smaller than this many bytes redirect under one verdict for the next this-many bytes (or 64 sends of their size, if fewer), within half the receiver's budget of messages (--backlog-limit); larger ones under 256 KiB open one of 256 KiB only where that budget allows (not at the default limit) (0: a verdict per send)"},
 		{name: "owner-conns", num: func(s *Settings) *uint32 { return &s.OwnerConns }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_CONNS),
 			usage: "bypass connection slots one cgroup (a pod's container) may hold; its further connections stay on TCP (0: the default)"},
 		{name: "owner-listeners", num: func(s *Settings) *uint32 { return &s.OwnerListeners }, unit: "entries", max: uint32(bypassSlQuotaSL_QUOTA_MAX_LISTENERS),

@@ -204,6 +204,16 @@ enum sl_sig_mask {
  * or fallback decision comes at most 256 KiB late, against a backlog limit
  * of at least SO_RCVBUF (by default tcp_rmem max). */
 #define SL_LARGE_WINDOW (256u << 10)
+/* A send under verdict_window opens a window of at most this many sends
+ * of its size (small_window in sl_verdict.h): a 1-byte send's is 64 bytes,
+ * a 16-byte send's 1 KiB, from 64 bytes the whole verdict_window. A
+ * verdict over 64 sends is under 2% of their cost; a window of 4 KiB of
+ * 1-byte sends held the decisions a verdict takes (the small-stream rule,
+ * the budget of messages) 4,096 sends late, and counted 4,096 messages
+ * against its reader's budget at the worst. */
+enum sl_window {
+	SL_WINDOW_SENDS = 64,
+};
 
 /* The valve (--slow-readers valve): a writer's sends pass to TCP once its
  * receiver's queue would come within SL_VALVE_MARGIN of the receiver's
@@ -249,7 +259,8 @@ enum sl_lowat {
 
 /* Streams of small sends (see small_stream in sl_verdict.h): a direction
  * whose sends are smaller than SL_STREAM_SMALL bytes moves to TCP once
- * SL_STREAM_WINDOWS units of sends (a verdict window's worth of bytes,
+ * SL_STREAM_WINDOWS units of sends (a small send's verdict window's worth
+ * of bytes, small_window: 64 sends, at most verdict_window bytes,
  * redirected under windows or, when the reader's budget of messages
  * leaves none, send by send) went with nothing sent the other way (which
  * starts the count over), each at most SL_STREAM_GAP units of 2^10 ns

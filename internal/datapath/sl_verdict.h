@@ -310,11 +310,20 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 	return queued < limit ? limit - queued : 1;
 }
 
+/* The verdict window a send under verdict_window opens: SL_WINDOW_SENDS
+ * sends of its size, at most verdict_window bytes (0 with windows off). */
+static __always_inline __u32 small_window(__u32 len)
+{
+	__u32 w = sl_settings.verdict_window;
+	__u64 s = (__u64)len * SL_WINDOW_SENDS;
+	return s < w ? (__u32)s : w;
+}
+
 /* Whether the direction of st streams small sends one way, fast enough
  * that TCP, which coalesces them, is faster (SL_STREAM_* in sl_consts.h).
  * Runs at every verdict of a small send the bypass would redirect, with
  * or without a window. The sends are judged in units of at least
- * verdict_window bytes: st->win_bytes is what the verdicts since
+ * small_window(len) bytes: st->win_bytes is what the verdicts since
  * st->win_at redirected (a window's bytes, or the send alone when a
  * reader behind by half its budget of messages leaves no room for one:
  * msgs_held), so a unit is one full window, or the windowless sends that
@@ -342,7 +351,7 @@ static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *s
 	/* The unit goes on: this send joins it, and nothing else is read
 	 * (the other direction's count is cumulative, so what it sent
 	 * meanwhile shows at the unit's end). */
-	if (st->win_bytes < sl_settings.verdict_window)
+	if (st->win_bytes < small_window(len))
 		return 0;
 	__u32 now = (__u32)(bpf_ktime_get_ns() >> 10);
 	__u32 other = dir ^ 1;
@@ -377,7 +386,8 @@ static __always_inline int small_stream(struct sk_msg_md *msg, struct sl_sock *s
 /* The verdict window a redirect of a len-byte send opens (0: none): the
  * kernel then redirects the next that-many bytes, this send included,
  * without running sl_msg. A send under verdict_window opens one of
- * verdict_window bytes (for small sends the verdict is most of the cost);
+ * small_window(len) bytes (for small sends the verdict is most of the
+ * cost; SL_WINDOW_SENDS keeps the decisions it takes within 64 sends);
  * a larger one under SL_LARGE_WINDOW opens one of SL_LARGE_WINDOW (a
  * verdict is then 1-5% of a send's cost; above it, under 1%). None for
  * a direction's first send (its verdict count is exact up to there, which
@@ -390,7 +400,7 @@ static __always_inline __u32 window_of(struct sl_capture_cfg *cap, struct sl_con
 	if (!w || !c->msgs[dir] || cap)
 		return 0;
 	if (len < w)
-		return w;
+		return small_window(len);
 	return len < SL_LARGE_WINDOW ? SL_LARGE_WINDOW : 0;
 }
 
