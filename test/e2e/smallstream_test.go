@@ -15,9 +15,9 @@ import (
 // verdict window (64 sends, at most 4 KiB: small_window) went with nothing
 // sent back and the sends close together, for 1-byte sends as for 16;
 // both sockets then leave the map and every byte arrives. So does a
-// stream of 64-byte sends to a reader that starts reading late: past half the reader's
-// budget of messages (msgs_held) its sends get a verdict each, without
-// windows, and those verdicts make up the units. The same stream from a
+// stream of 64-byte sends to a reader that starts reading late: past half
+// the reader's budget of messages (msgs_held) its sends get a verdict
+// each, without windows, and those verdicts make up the units. The same stream from a
 // writer that set TCP_NODELAY (Go's default), which TCP would send a
 // segment per write, stays and is counted (small_stream_nodelay). Ping-pong
 // of the same messages (the other direction sends between windows), a
