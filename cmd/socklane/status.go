@@ -168,10 +168,11 @@ func newStatusCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "network policy\tenforced %v\t%d policies\t%d local pods\t%d applies\tallowed %d\tdenied %d\n",
 				rep.Policy.Enforced, rep.Policy.Policies, rep.Policy.Pods, rep.Policy.Applies, rep.Policy.Allowed, rep.Policy.Denied)
 			for _, o := range rep.OverQuota {
-				fmt.Fprintf(w, "over quota	%s	cgroup id %d	refused conns %d (holds %d of %d)	listeners %d (%d of %d)	lb conns %d (%d of %d)	affinity %d (%d of %d)	udp tables %d (%d of %d)	evict timers %d (%d of %d)\n",
+				fmt.Fprintf(w, "over quota	%s	cgroup id %d	refused conns %d (holds %d of %d)	listeners %d (%d of %d)	lb conns %d (%d of %d)	affinity %d (%d of %d)	udp tables %d (%d of %d)	evict timers %d (%d of %d)	messages %d (%d of %d)\n",
 					o.Path, o.Cgroup, o.RefusedConns, o.Conns, rep.Quotas.Conns, o.RefusedListeners, o.Listeners, rep.Quotas.Listeners,
 					o.RefusedLBConns, o.LBConns, rep.Quotas.LBConns, o.RefusedAffinity, o.Affinity, rep.Quotas.Affinity,
-					o.RefusedUDPTables, o.UDPTables, rep.Quotas.UDPTables, o.RefusedEvictTimers, o.EvictTimers, rep.Quotas.EvictTimers)
+					o.RefusedUDPTables, o.UDPTables, rep.Quotas.UDPTables, o.RefusedEvictTimers, o.EvictTimers, rep.Quotas.EvictTimers,
+					o.RefusedMsgs, o.Msgs, rep.Quotas.Msgs)
 			}
 			return w.Flush()
 		},

@@ -58,6 +58,7 @@ struct sl_enums {
 	enum sl_word word;
 	enum sl_defaults defaults;
 	enum sl_window window;
+	enum sl_msg_quota msg_quota;
 	enum sl_cap_limits cap_limits;
 	enum sl_mode mode;
 	enum sl_signals signals;
@@ -163,6 +164,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	c->tcp_bytes[0] = c->tcp_bytes[1] = 0;
 	c->path[0] = c->path[1] = SL_PATH_UNDECIDED;
 	c->reason[0] = c->reason[1] = 0;
+	c->msgs_charged[0] = c->msgs_charged[1] = 0;
 	c->signals[SL_ROLE_CLIENT] = st->signals;
 	c->signals[SL_ROLE_SERVER] = SL_SIG_UNKNOWN;
 	c->cookie[SL_ROLE_CLIENT] = bpf_get_socket_cookie(skops);
@@ -601,7 +603,7 @@ int sl_msg(struct sk_msg_md *msg)
 		 * queue past the valve's limit. */
 		__u32 room = ~0u, mroom = ~0u;
 		if (sl_settings.backlog_valve == SL_MODE_ON)
-			reason = (room = valve_room(msg, st, len, offset, &mroom)) ? SL_C_FALLBACK_PEER_GONE : 0;
+			reason = (room = valve_room(msg, st, c, len, offset, &mroom)) ? SL_C_FALLBACK_PEER_GONE : 0;
 		else if (!peer_backlogged(st, dir ^ 1, redirected + len, offset, &mroom))
 			reason = SL_C_FALLBACK_PEER_GONE;
 		if (win > room)
@@ -617,6 +619,20 @@ int sl_msg(struct sk_msg_md *msg)
 		__u32 avail = mroom > half ? mroom - half : 0;
 		if (win > (__u64)len + avail)
 			win = len < sl_settings.verdict_window && avail >= len ? len + avail / len * len : 0;
+		/* What the connection's owner may hold over all its
+		 * connections: past it the valve opens, or the direction
+		 * moves to TCP, as past the peer's own budget. */
+		if (reason == SL_C_FALLBACK_PEER_GONE && msgs_quota(st, c, len, offset, &win)) {
+			if (sl_settings.backlog_valve == SL_MODE_ON) {
+				st->valve = 1;
+				st->valve_quota = 1;
+				count(SL_C_VALVE_OPENS, 1);
+				reason = 0;
+			} else {
+				reason = SL_C_FALLBACK_BACKLOG;
+			}
+			count(SL_C_MSG_QUOTA, 1);
+		}
 		if (reason == SL_C_FALLBACK_PEER_GONE && len < sl_settings.verdict_window && small_stream(msg, st, c, dir, len))
 			reason = SL_C_FALLBACK_SMALL_STREAM;
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
@@ -717,6 +733,7 @@ int sl_reclaim(struct sl_reclaim_args *a)
 	__u64 new = mkword(word_gen(old) + 1, SL_CONN_FREE, 0);
 	if (__sync_val_compare_and_swap(&c->word, old, new) != old)
 		return 0;
+	owner_msgs_release(c->owner, c->msgs_charged[0] + c->msgs_charged[1]);
 	owner_release(c->owner, SL_HOLD_CONNS);
 	return 1;
 }

@@ -60,7 +60,9 @@ type bypassSlConfig struct {
 	OwnerAffinity      uint32
 	OwnerUdpTables     uint32
 	OwnerEvictTimers   uint32
+	OwnerMsgs          uint32
 	LbHostOnly         bypassSlMode
+	_                  [4]byte
 	HostNetns          uint64
 	ListenerKptr       uint32
 	_                  [4]byte
@@ -83,6 +85,7 @@ type bypassSlConn struct {
 	Reason      [2]uint8
 	Signals     [2]uint8
 	Pad         uint16
+	MsgsCharged [2]uint32
 }
 
 type bypassSlConnRef struct {
@@ -143,12 +146,13 @@ const (
 	bypassSlCounterSL_C_VALVE_BYTES             bypassSlCounter = 37
 	bypassSlCounterSL_C_SMALL_STREAM_NODELAY    bypassSlCounter = 38
 	bypassSlCounterSL_C_MSG_BUDGET              bypassSlCounter = 39
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 40
+	bypassSlCounterSL_C_MSG_QUOTA               bypassSlCounter = 40
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 41
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [40]uint64
+	C [41]uint64
 }
 
 type bypassSlDefaults uint32
@@ -241,7 +245,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 35
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 37
 )
 
 type bypassSlListener struct {
@@ -270,6 +274,13 @@ const (
 	bypassSlModeSL_MODE_PROCESS bypassSlMode = 3
 )
 
+type bypassSlMsgQuota uint32
+
+const (
+	bypassSlMsgQuotaSL_MSG_CHUNK bypassSlMsgQuota = 64
+	bypassSlMsgQuotaSL_MSG_LIGHT bypassSlMsgQuota = 16
+)
+
 type bypassSlOwner struct {
 	_                  structs.HostLayout
 	Conns              uint64
@@ -278,6 +289,8 @@ type bypassSlOwner struct {
 	RefusedListeners   uint64
 	EvictTimers        uint64
 	RefusedEvictTimers uint64
+	Msgs               uint64
+	RefusedMsgs        uint64
 }
 
 type bypassSlPath uint32
@@ -297,12 +310,14 @@ const (
 	bypassSlQuotaSL_OWNER_AFFINITY         bypassSlQuota = 4096
 	bypassSlQuotaSL_OWNER_UDP_TABLES       bypassSlQuota = 16384
 	bypassSlQuotaSL_OWNER_EVICT_TIMERS     bypassSlQuota = 256
+	bypassSlQuotaSL_OWNER_MSGS             bypassSlQuota = 65536
 	bypassSlQuotaSL_QUOTA_MAX_CONNS        bypassSlQuota = 65536
 	bypassSlQuotaSL_QUOTA_MAX_LISTENERS    bypassSlQuota = 65536
 	bypassSlQuotaSL_QUOTA_MAX_LB_CONNS     bypassSlQuota = 131072
 	bypassSlQuotaSL_QUOTA_MAX_AFFINITY     bypassSlQuota = 262144
 	bypassSlQuotaSL_QUOTA_MAX_UDP_TABLES   bypassSlQuota = 1048576
 	bypassSlQuotaSL_QUOTA_MAX_EVICT_TIMERS bypassSlQuota = 131072
+	bypassSlQuotaSL_QUOTA_MAX_MSGS         bypassSlQuota = 16777216
 )
 
 type bypassSlReclaimArgs struct {
@@ -376,7 +391,8 @@ type bypassSlSock struct {
 	MqEnd       uint64
 	WinBytes    uint32
 	NodelaySeen uint8
-	Pad         [3]uint8
+	ValveQuota  uint8
+	Pad         [2]uint8
 }
 
 type bypassSlTuple struct {

@@ -18,6 +18,7 @@ type Quotas struct {
 	Affinity    uint64 `json:"affinity"`
 	UDPTables   uint64 `json:"udp_tables"`
 	EvictTimers uint64 `json:"evict_timers"`
+	Msgs        uint64 `json:"messages"`
 }
 
 // Owner is what one cgroup holds of the node-wide tables, and what it was
@@ -37,11 +38,15 @@ type Owner struct {
 	RefusedUDPTables   uint64 `json:"refused_udp_tables"`
 	EvictTimers        uint64 `json:"evict_timers"`
 	RefusedEvictTimers uint64 `json:"refused_evict_timers"`
+	// Msgs is what its connections' sends may hold in their readers'
+	// queues, in messages; RefusedMsgs the sends refused beyond it.
+	Msgs        uint64 `json:"messages"`
+	RefusedMsgs uint64 `json:"refused_messages"`
 }
 
 // Refused reports whether the owner was ever refused an entry.
 func (o Owner) Refused() bool {
-	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns+o.RefusedAffinity+o.RefusedUDPTables+o.RefusedEvictTimers > 0
+	return o.RefusedConns+o.RefusedListeners+o.RefusedLBConns+o.RefusedAffinity+o.RefusedUDPTables+o.RefusedEvictTimers+o.RefusedMsgs > 0
 }
 
 // Owners lists every owner the datapath charged, in cgroup id order.
@@ -61,6 +66,7 @@ func (d *Datapath) Owners() ([]Owner, error) {
 		o := get(id)
 		o.Conns, o.Listeners, o.RefusedConns, o.RefusedListeners = v.Conns, v.Listeners, v.RefusedConns, v.RefusedListeners
 		o.EvictTimers, o.RefusedEvictTimers = v.EvictTimers, v.RefusedEvictTimers
+		o.Msgs, o.RefusedMsgs = v.Msgs, v.RefusedMsgs
 	}
 	lb, err := readAll[uint64, servicelbSlLbOwner](d.lb.SlLbOwners)
 	if err != nil {

@@ -59,6 +59,7 @@ const (
 	DefaultOwnerAffinity    = uint32(bypassSlQuotaSL_OWNER_AFFINITY)
 	DefaultOwnerUDPTables   = uint32(bypassSlQuotaSL_OWNER_UDP_TABLES)
 	DefaultOwnerEvictTimers = uint32(bypassSlQuotaSL_OWNER_EVICT_TIMERS)
+	DefaultOwnerMsgs        = uint32(bypassSlQuotaSL_OWNER_MSGS)
 )
 
 // DefaultSettings are what a load asks for when nothing is given: the
@@ -70,13 +71,13 @@ const (
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
 		BypassSmallStreams: ModeOff, BacklogValve: ModeAuto, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
-		OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, LbHostOnly: ModeOff}
+		OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, OwnerMsgs: DefaultOwnerMsgs, LbHostOnly: ModeOff}
 }
 
 // Quotas are what one owner may hold under s.
 func (s Settings) Quotas() Quotas {
 	return Quotas{Conns: uint64(s.OwnerConns), Listeners: uint64(s.OwnerListeners), LBConns: uint64(s.OwnerLbConns),
-		Affinity: uint64(s.OwnerAffinity), UDPTables: uint64(s.OwnerUdpTables), EvictTimers: uint64(s.OwnerEvictTimers)}
+		Affinity: uint64(s.OwnerAffinity), UDPTables: uint64(s.OwnerUdpTables), EvictTimers: uint64(s.OwnerEvictTimers), Msgs: uint64(s.OwnerMsgs)}
 }
 
 // On reports whether a resolved mode is on.
@@ -132,7 +133,7 @@ func (s Settings) Resolve(f Features) Settings {
 	}{
 		{&s.OwnerConns, DefaultOwnerConns}, {&s.OwnerListeners, DefaultOwnerListeners}, {&s.OwnerLbConns, DefaultOwnerLBConns},
 		{&s.OwnerAffinity, DefaultOwnerAffinity}, {&s.OwnerUdpTables, DefaultOwnerUDPTables},
-		{&s.OwnerEvictTimers, DefaultOwnerEvictTimers},
+		{&s.OwnerEvictTimers, DefaultOwnerEvictTimers}, {&s.OwnerMsgs, DefaultOwnerMsgs},
 	} {
 		if *q.v == 0 {
 			*q.v = q.def
@@ -194,6 +195,8 @@ func settingTable() []setting {
 			usage: "exchange tables one cgroup's unconnected UDP sockets may hold under network policy (3 KiB each, made at a socket's first send from an isolated pod; a socket's overflow table counts two); beyond it the exchanges of its further sockets are not recorded and answers to them are judged as new flows (0: the default)"},
 		{name: "owner-evict-timers", num: func(s *Settings) *uint32 { return &s.OwnerEvictTimers }, unit: "timers", max: uint32(bypassSlQuotaSL_QUOTA_MAX_EVICT_TIMERS),
 			usage: "timers one cgroup's connections may have waiting for a socket to leave the bypass after a move to TCP (each checks up to 1,000 times a second, in the kernel, charged to no process); beyond it such a socket is checked at its own transmits only (0: the default)"},
+		{name: "owner-messages", num: func(s *Settings) *uint32 { return &s.OwnerMsgs }, unit: "messages", max: uint32(bypassSlQuotaSL_QUOTA_MAX_MSGS),
+			usage: fmt.Sprintf("messages one cgroup's connections may hold in their readers' queues together (each redirected send is one until read: a KiB of kernel memory charged to no cgroup; --backlog-limit bounds one connection's); beyond it a send goes without a verdict window, and one whose direction holds %d or more opens the valve or moves to TCP (0: the default)", bypassSlMsgQuotaSL_MSG_LIGHT)},
 	}
 }
 

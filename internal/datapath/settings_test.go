@@ -24,13 +24,13 @@ func TestSettingsReadBack(t *testing.T) {
 	valveFit := f.ValveFit()
 	for i, want := range []Settings{
 		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, OwnerMsgs: DefaultOwnerMsgs, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, OwnerEvictTimers: 6, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, OwnerEvictTimers: 6, OwnerMsgs: 7, LbHostOnly: ModeOn},
 		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, OwnerEvictTimers: 131072, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, OwnerEvictTimers: 131072, OwnerMsgs: 16777216, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, OwnerEvictTimers: 1, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, OwnerEvictTimers: 1, OwnerMsgs: 4096, LbHostOnly: ModeOn},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
@@ -125,7 +125,7 @@ func TestResolve(t *testing.T) {
 			t.Errorf("slow readers %v on %+v resolved to %v, want %v", tt.s.BacklogValve, tt.f, got, tt.want)
 		}
 	}
-	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity), UDPTables: uint64(DefaultOwnerUDPTables), EvictTimers: uint64(DefaultOwnerEvictTimers)}) {
+	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity), UDPTables: uint64(DefaultOwnerUDPTables), EvictTimers: uint64(DefaultOwnerEvictTimers), Msgs: uint64(DefaultOwnerMsgs)}) {
 		t.Errorf("quotas of a request with one given: %+v", q)
 	}
 	with := func(msgTotLen bool, names ...string) Features {
@@ -202,6 +202,8 @@ func TestSettingFlags(t *testing.T) {
 		{"owner-udp-tables", "1048577", nil, "want at most 1048576 tables"},
 		{"owner-evict-timers", "8", func(s Settings) bool { return s.OwnerEvictTimers == 8 }, ""},
 		{"owner-evict-timers", "131073", nil, "want at most 131072 timers"},
+		{"owner-messages", "4096", func(s Settings) bool { return s.OwnerMsgs == 4096 }, ""},
+		{"owner-messages", "16777217", nil, "want at most 16777216 messages"},
 	} {
 		s := DefaultSettings()
 		var err error

@@ -77,6 +77,8 @@ struct sl_config {
 				 * sl_pol_replies_more: two) */
 	__u32 owner_evict_timers; /* timers of sockets waiting to leave the map, charged to their
 				   * connection's owner: each checks up to 1,000 times a second */
+	__u32 owner_msgs; /* messages its connections' sends hold in their receivers' queues
+			   * (SL_MSG_CHUNK and SL_MSG_LIGHT in sl_consts.h) */
 	/* SL_MODE_ON: the service load balancer translates at connect() only
 	 * for sockets of the host's network namespace (host_netns); pods'
 	 * connects to service addresses are left to the node's per-packet
@@ -109,6 +111,7 @@ struct sl_config {
 	.owner_affinity = SL_OWNER_AFFINITY,                       \
 	.owner_udp_tables = SL_OWNER_UDP_TABLES,                   \
 	.owner_evict_timers = SL_OWNER_EVICT_TIMERS,               \
+	.owner_msgs = SL_OWNER_MSGS,                               \
 	.lb_host_only = SL_MODE_OFF,                               \
 	.listener_kptr = 1,                                        \
 }

@@ -177,7 +177,48 @@ static __always_inline void owner_release(__u64 owner, int what)
 	}
 }
 
-/* Drops role's membership; the last member returns the slot. */
+/* Charges owner n messages within its quota of them (msgs_quota in
+ * sl_verdict.h). Its entry exists: its connection's slot is charged to it. */
+static __always_inline int owner_msgs_charge(__u64 owner, __u32 n)
+{
+	struct sl_owner *o = bpf_map_lookup_elem(&sl_owners, &owner);
+	if (!o)
+		return 0;
+	if (__sync_fetch_and_add(&o->msgs, n) + n <= sl_settings.owner_msgs)
+		return 1;
+	__sync_fetch_and_add(&o->msgs, -(__u64)n);
+	return 0;
+}
+
+/* Whether owner's quota of messages has room for a step (SL_MSG_CHUNK). */
+static __always_inline int owner_msgs_room(__u64 owner)
+{
+	struct sl_owner *o = bpf_map_lookup_elem(&sl_owners, &owner);
+	return o && o->msgs + SL_MSG_CHUNK <= sl_settings.owner_msgs;
+}
+
+/* Counts a send refused for owner's quota of messages. */
+static __always_inline void owner_msgs_refused(__u64 owner)
+{
+	struct sl_owner *o = bpf_map_lookup_elem(&sl_owners, &owner);
+	if (o)
+		__sync_fetch_and_add(&o->refused_msgs, 1);
+}
+
+/* Returns n messages charged to owner, never below zero (as
+ * owner_release). */
+static __always_inline void owner_msgs_release(__u64 owner, __u32 n)
+{
+	struct sl_owner *o = n ? bpf_map_lookup_elem(&sl_owners, &owner) : 0;
+	if (!o)
+		return;
+	for (int i = 0; i < 4; i++) {
+		__u64 v = o->msgs;
+		if (!v || __sync_val_compare_and_swap(&o->msgs, v, v > n ? v - n : 0) == v)
+			return;
+	}
+}
+
 /* Takes a connection slot: a fresh one while any is left, else the one
  * freed longest ago. Returns non-zero when none is free. */
 static __always_inline int conn_slot_take(__u32 *slot)
@@ -194,6 +235,7 @@ static __always_inline int conn_slot_take(__u32 *slot)
 	return bpf_map_pop_elem(&sl_conn_free, slot);
 }
 
+/* Drops role's membership; the last member returns the slot. */
 static __always_inline void conn_leave(struct sl_conn *c, __u32 slot, __u32 gen, __u32 role)
 {
 	__u32 bit = 1u << role;
@@ -206,6 +248,8 @@ static __always_inline void conn_leave(struct sl_conn *c, __u32 slot, __u32 gen,
 				    : mkword(gen + 1, SL_CONN_FREE, 0);
 		if (__sync_val_compare_and_swap(&c->word, old, new) == old) {
 			if (!members) {
+				/* Both sockets closed: their queues are gone. */
+				owner_msgs_release(c->owner, c->msgs_charged[0] + c->msgs_charged[1]);
 				owner_release(c->owner, SL_HOLD_CONNS);
 				bpf_map_push_elem(&sl_conn_free, &slot, 0);
 			}

@@ -60,6 +60,8 @@ enum sl_counter {
 				       * set TCP_NODELAY, so TCP would send each write on its own */
 	SL_C_MSG_BUDGET,              /* a receiver's queue held its budget of messages (msg_budget):
 				       * the valve opened, or the direction moved to TCP (backlog) */
+	SL_C_MSG_QUOTA,               /* a connection's owner held its quota of messages (owner_msgs):
+				       * the valve opened, or the direction moved to TCP (backlog) */
 	SL_C_MAX,
 };
 
@@ -69,7 +71,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 35,
+	SL_LAYOUT_VERSION = 37,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -236,6 +238,22 @@ enum sl_window {
  * memory as TCP lets one receive buffer grow to, twice it through the
  * backlog rule's grace. */
 #define SL_MSG_COST 1024u
+/* What one owner's connections may hold in their receivers' queues
+ * together (sl_config's owner_msgs, enum sl_quota): the budget above bounds
+ * one connection, and a pod opens thousands. Each direction charges its
+ * count (msgs_held) to its connection's owner in steps of SL_MSG_CHUNK, and
+ * returns what its count dropped below by more than a step; the
+ * connection's last member returns the rest. A send that finds the
+ * owner's quota held is counted again from its reader's queue (which
+ * cannot hold more messages than bytes) and goes without a window; it is
+ * still redirected while its direction holds at most SL_MSG_LIGHT messages
+ * (charges of idle connections, counted at their last verdict, would
+ * otherwise hold up an owner's every request), else the valve opens or
+ * the direction moves to TCP (msgs_quota in sl_verdict.h). */
+enum sl_msg_quota {
+	SL_MSG_CHUNK = 64,
+	SL_MSG_LIGHT = 16,
+};
 /* A receiver's buffer TCP has not grown (twice the default 128 KiB
  * tcp_rmem[1]), and the valve's limit under it (valve_room). */
 #define SL_VALVE_SMALL_BUF (256u << 10)
@@ -295,12 +313,14 @@ enum sl_quota {
 	SL_OWNER_AFFINITY = 4096,   /* ClientIP affinity entries */
 	SL_OWNER_UDP_TABLES = 16384, /* UDP sockets' exchange tables (a socket's overflow table counts two) */
 	SL_OWNER_EVICT_TIMERS = 256, /* timers of sockets waiting to leave the map (sl_evict_timers) */
+	SL_OWNER_MSGS = 65536,      /* messages in receivers' queues (SL_MSG_COST each: 64 MiB) */
 	SL_QUOTA_MAX_CONNS = SL_MAX_CONNS,
 	SL_QUOTA_MAX_LISTENERS = SL_MAX_LISTENERS,
 	SL_QUOTA_MAX_LB_CONNS = SL_MAX_LB_CONNS,
 	SL_QUOTA_MAX_AFFINITY = SL_MAX_AFFINITY,
 	SL_QUOTA_MAX_UDP_TABLES = 1048576,
 	SL_QUOTA_MAX_EVICT_TIMERS = SL_MAX_SOCKS,
+	SL_QUOTA_MAX_MSGS = 16777216,
 };
 #define SL_MAX_OWNERS 16384
 

@@ -80,6 +80,7 @@ struct sl_conn {
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
 	__u8 signals[2];          /* enum sl_signals per member role (per-process mode) */
 	__u16 pad;
+	__u32 msgs_charged[2];    /* messages charged to owner, per direction (msgs_quota) */
 };
 
 /* A listening endpoint (network namespace cookie and port). */
@@ -129,6 +130,8 @@ struct sl_owner {
 	__u64 refused_listeners;
 	__u64 evict_timers; /* sl_evict_timers entries of its connections' sockets */
 	__u64 refused_evict_timers;
+	__u64 msgs;         /* messages its connections' sends may hold in receivers' queues */
+	__u64 refused_msgs; /* sends refused for it (SL_C_MSG_QUOTA) */
 };
 
 /* The member sockets of a connection slot, for reading the receiver's queue.
@@ -201,7 +204,8 @@ struct sl_sock {
 	__u32 win_bytes; /* bytes redirected since win_at: windows, and sends
 			  * without one (small_stream) */
 	__u8 nodelay_seen; /* this stream was counted as kept for TCP_NODELAY (small_stream) */
-	__u8 pad[3];
+	__u8 valve_quota;  /* the valve opened for the owner's quota of messages (msgs_quota) */
+	__u8 pad[2];
 };
 
 /* A socket waiting to leave the map (sl_evict_timers, keyed by its key in

@@ -148,15 +148,90 @@ static __always_inline __u32 msgs_held(struct sl_sock *st, __u64 offset, __u32 q
 		st->mq_new = 0;
 		st->mq_end = offset;
 	}
+	/* A message holds one byte at least: the queue's bytes bound what
+	 * was sent before offset (a small send's window counts a message per
+	 * byte it may cover). */
+	if (msgs_counted(st) > queued) {
+		st->mq_old = queued;
+		st->mq_new = 0;
+		st->mq_end = offset;
+	}
 	return msgs_counted(st);
 }
 
-/* Counts a redirect's messages (msgs_held): this send, and the sends its
- * window of win bytes may cover, one byte each at the worst. */
+/* The messages a redirect of len bytes with a window of win bytes (0:
+ * none) leaves at most: this send, and the sends its window may cover,
+ * one byte each at the worst. */
+static __always_inline __u32 msgs_of(__u32 win, __u32 len)
+{
+	return win > len ? win - len + 1 : 1;
+}
+
+/* a + b, saturating. */
+static __always_inline __u32 sat_add(__u32 a, __u32 b)
+{
+	return a + b < a ? ~0u : a + b;
+}
+
+/* Counts a redirect's messages (msgs_held, msgs_of). */
 static __always_inline void msgs_note(struct sl_sock *st, __u32 win, __u32 len)
 {
-	__u32 n = win > len ? win - len + 1 : 1;
-	st->mq_new = st->mq_new + n < st->mq_new ? ~0u : st->mq_new + n;
+	st->mq_new = sat_add(st->mq_new, msgs_of(win, len));
+}
+
+/* n messages in whole steps of SL_MSG_CHUNK (saturating). */
+static __always_inline __u32 msg_steps(__u32 n)
+{
+	return n > ~0u - SL_MSG_CHUNK ? ~0u : (n + SL_MSG_CHUNK - 1) / SL_MSG_CHUNK * SL_MSG_CHUNK;
+}
+
+/* Brings the owner's charge for direction dir of c from have to want
+ * messages (whole steps): more if the owner's quota allows (else returns
+ * 0 and leaves it), less once it is over want by more than a step. */
+static __always_inline int msgs_settle(struct sl_conn *c, __u32 dir, __u32 have, __u32 want)
+{
+	if (want > have) {
+		if (!owner_msgs_charge(c->owner, want - have))
+			return 0;
+	} else if (have - want > SL_MSG_CHUNK) {
+		owner_msgs_release(c->owner, have - want);
+	} else {
+		return 1;
+	}
+	c->msgs_charged[dir & 1] = want;
+	return 1;
+}
+
+/* The owner's quota of messages (owner_msgs; SL_MSG_CHUNK and SL_MSG_LIGHT
+ * in sl_consts.h) for a send of len bytes the bypass is about to redirect
+ * with a window of *win bytes (0: none). The direction's charge follows
+ * its count (msgs_held) with this redirect's messages (msgs_of), in whole
+ * steps. Before charging more, the count is read again from the reader's
+ * queue: a reader that keeps up holds no message when the next request
+ * comes, so what an idle connection keeps charged is about its last
+ * verdict's. Where the quota refuses, the window goes (a send alone is
+ * one message), and the send is redirected if its direction then holds
+ * fewer than SL_MSG_LIGHT messages. Returns 1 if it must not be. */
+static __noinline int msgs_quota(struct sl_sock *st, struct sl_conn *c, __u32 len, __u64 offset, __u32 *win)
+{
+	if (!psock_counts_bytes())
+		return 0;
+	__u32 dir = st->role & 1;
+	__u32 have = c->msgs_charged[dir];
+	__u32 want = msg_steps(sat_add(msgs_counted(st), msgs_of(*win, len)));
+	if (want <= have) {
+		msgs_settle(c, dir, have, want);
+		return 0;
+	}
+	struct sock *peer = member_sock(st->slot, dir ^ 1);
+	__u32 held = peer ? msgs_held(st, offset, queued_bytes(peer)) : msgs_counted(st);
+	if (msgs_settle(c, dir, have, msg_steps(sat_add(held, msgs_of(*win, len)))))
+		return 0;
+	*win = 0;
+	if (held < SL_MSG_LIGHT || msgs_settle(c, dir, have, msg_steps(sat_add(held, 1))))
+		return 0;
+	owner_msgs_refused(c->owner);
+	return 1;
 }
 
 /* Whether the direction of st should leave the bypass because its peer
@@ -215,6 +290,20 @@ over:
 	return 1;
 }
 
+/* The messages st's peer holds (msgs_held) for the open valve's close,
+ * or ~0 while it must stay open for its owner's quota of messages
+ * (msgs_quota): until the reader took all but a light direction's, or the
+ * owner has room for a step again. Else it would close at every send TCP
+ * delivered, and each would pass alone: a TCP segment per 1-byte write,
+ * each a message in the reader's queue. */
+static __noinline __u32 valve_held(struct sl_sock *st, struct sl_conn *c, __u64 offset, __u32 queued)
+{
+	__u32 held = msgs_held(st, offset, queued);
+	if (st->valve_quota && held >= SL_MSG_LIGHT && !owner_msgs_room(c->owner))
+		return ~0u;
+	return held;
+}
+
 /* The valve (--slow-readers valve, SL_VALVE_* in sl_consts.h): the bytes
  * st's socket may still redirect before its peer's queue comes within
  * SL_VALVE_MARGIN of the peer's SO_RCVBUF, or within the room TCP's
@@ -259,7 +348,7 @@ over:
  * It opens too for a send that finds the peer's queue holding msg_budget()
  * messages (msgs_held), and closes only once it holds at most half of them.
  * *mroom: the messages the peer may still take after this send. */
-static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, __u32 len, __u64 offset, __u32 *mroom)
+static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 len, __u64 offset, __u32 *mroom)
 {
 	struct sock *peer = member_sock(st->slot, st->role ^ 1);
 	if (!peer)
@@ -292,9 +381,10 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 			return 0;
 		/* Read only now: until TCP delivered what the valve passed,
 		 * offset counts bytes the reader cannot have read. */
-		if ((held = msgs_held(st, offset, queued)) > budget / 2)
+		if ((held = valve_held(st, c, offset, queued)) > budget / 2)
 			return 0;
 		st->valve = 0;
+		st->valve_quota = 0;
 		count(SL_C_VALVE_CLOSES, 1);
 	} else if ((held = msgs_held(st, offset, queued)) >= budget) {
 		st->valve = 1;

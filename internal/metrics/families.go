@@ -111,6 +111,7 @@ var bypassCounters = map[string]counterRef{
 	"capture_lost":            {famCapDropped, "ring_full"},
 	"capture_rate_drops":      {famCapDropped, "rate_limit"},
 	"evict_timer_quota":       {famQuota, "evict_timers"},
+	"msg_quota":               {famQuota, "messages"},
 	"fallback_opted_out":      {famFallbacks, "opted_out"},
 	"valve_opens":             {famValve, "opens"},
 	"valve_closes":            {famValve, "closes"},

@@ -130,3 +130,169 @@ func unreclaimableSlab(t *testing.T) uint64 {
 	t.Fatalf("no SUnreclaim in /proc/meminfo (%v)", s.Err())
 	return 0
 }
+
+// TestMessageQuota is the attack on the budget of messages with many
+// connections: the budget bounds what one connection's reader holds (6,144
+// messages, 6 MiB of slab charged to no cgroup, at the default backlog
+// limit), and a pod opens thousands. Twelve connections from one client pod
+// stream 1-byte TCP_NODELAY writes to a sink that reads nothing for
+// seconds: before the quota they pinned twelve budgets (72 MiB, twice it
+// through the backlog rule's grace). Now the client's owner (its cgroup, as
+// its connection slots) may hold --owner-messages (8,192 here) over all its
+// connections, and a connection past it holding SL_MSG_LIGHT messages or
+// more opens the valve or moves to TCP: the node's unreclaimable slab grows
+// by the quota and TCP's own, the redirected 1-byte writes are at most the
+// quota and each connection's light allowance, status names the owner.
+// Meanwhile another pod's stream keeps the bypass and is refused nothing,
+// and so is request and response from the attacker's own pod; once the
+// sink reads, every byte arrives and the owner's charge goes back
+// to zero as the connections close.
+func TestMessageQuota(t *testing.T) {
+	const (
+		quota  = 8192
+		conns  = 12
+		writes = 50000    // per connection: far over its share of the quota
+		light  = 16       // SL_MSG_LIGHT
+		slack  = 16 << 20 // the quota's 8 MiB, the machine's
+	)
+	for i, mode := range []string{"valve", "tcp"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "valve" && !valveKernel(t) {
+				t.Skip("the valve needs Linux 6.13 (TestSlowReaderValve checks it is refused)")
+			}
+			b, in, srv, cli := serverClient(t, "--slow-readers", mode, "--owner-messages", fmt.Sprint(quota))
+			if !readStatus(t, in).Kernel.PsockMsgTotLen {
+				t.Skip("this kernel's sk_psock does not count queued bytes: the bypass is off by default, and no rule sees a reader's queue")
+			}
+			vic := testutil.Pod(t, b, "victim")
+			in.Attach(vic)
+			port := 7480 + 2*i
+			sinkAt := fmt.Sprintf("0.0.0.0:%d", port)
+			start(t, srv, in.Bin, "peer", "sink", sinkAt, "--delay", "15s")
+			waitPort(t, srv, sinkAt)
+			slab, tcpMem := unreclaimableSlab(t), tcpMemory(t)
+			before := in.Counters()
+			var streams []*proc
+			for range conns {
+				streams = append(streams, start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, port),
+					"--size", "1", "--count", fmt.Sprint(writes), "--nodelay", "1"))
+			}
+			// The writers stop once held back: wait until the counters
+			// stand still.
+			var d map[string]uint64
+			var sent uint64
+			for i := 0; i < 60; i++ {
+				time.Sleep(100 * time.Millisecond)
+				d = testutil.Delta(before, in.Counters())
+				n := d["redirect_bytes"] + d["pass_bytes"]
+				if i >= 10 && n == sent {
+					break
+				}
+				sent = n
+			}
+			grew, tcpGrew := int64(unreclaimableSlab(t))-int64(slab), int64(tcpMemory(t))-int64(tcpMem)
+			t.Logf("held back: unreclaimable slab %+d KiB, TCP's memory %+d KiB; %v", grew>>10, tcpGrew>>10, nonzero(d))
+			// What the valve passes reaches the reader through its
+			// psock's queue too (in order with the redirected bytes):
+			// each TCP segment there is a message as well, as many as
+			// the reader's receive buffer holds segments, at most about
+			// twice what TCP charges for them (a 1-byte segment's true
+			// size is over half a KiB). The budget bounds that per
+			// connection; the quota bounds what is redirected.
+			most := int64(slack)
+			if mode == "valve" {
+				most += 2 * max(tcpGrew, 0)
+			}
+			if grew-tcpGrew > most {
+				t.Errorf("the node's unreclaimable slab grew by %d KiB beyond TCP's memory (%+d KiB) while twelve writers were held back, want at most %d", (grew-tcpGrew)>>10, tcpGrew>>10, most>>10)
+			}
+			if most := uint64(quota + conns*light); d["redirect_bytes"] > most {
+				t.Errorf("%d 1-byte writes redirected to a reader that read nothing, want at most %d (the quota and each connection's light allowance)", d["redirect_bytes"], most)
+			}
+			mustAtLeast(t, d, "msg_quota", 1)
+			if mode == "tcp" {
+				// Each connection needs more than its share: each moves.
+				mustEqual(t, d, "fallback_backlog", conns)
+			} else {
+				mustAtLeast(t, d, "valve_opens", 1)
+				mustEqual(t, d, "fallback_backlog", 0)
+			}
+			o := ownerOf(t, in, cli)
+			if o == nil || o.RefusedMsgs == 0 || o.Msgs > quota {
+				t.Fatalf("the client pod's owner: %+v, want refused messages and at most %d held", o, quota)
+			}
+			t.Logf("the client pod's owner holds %d messages, refused %d sends", o.Msgs, o.RefusedMsgs)
+
+			// The victim: another pod's stream to a reader that reads.
+			vat := fmt.Sprintf("0.0.0.0:%d", port+1)
+			start(t, srv, in.Bin, "peer", "sink", vat)
+			waitPort(t, srv, vat)
+			vb := in.Counters()
+			vs := start(t, vic, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, port+1), "--size", "65536", "--count", "32")
+			if err := vs.wait(t, time.Minute); err != nil {
+				t.Fatalf("the victim's stream: %v: %s", err, vs.err.String())
+			}
+			vd := testutil.Delta(vb, in.Counters())
+			t.Logf("the victim's stream: %v", nonzero(vd))
+			mustAtLeast(t, vd, "redirect_bytes", 65536)
+			mustEqual(t, vd, "msg_quota", 0)
+			mustEqual(t, vd, "fallback_backlog", 0)
+			if o := ownerOf(t, in, vic); o != nil {
+				t.Errorf("the victim pod was refused: %+v", *o)
+			}
+
+			// Request and response from the attacker's own pod, its
+			// quota held: each request finds its reader's queue empty,
+			// so it is redirected (without a window) and refused
+			// nothing.
+			eat := fmt.Sprintf("0.0.0.0:%d", port+100)
+			start(t, srv, in.Bin, "peer", "echo", eat)
+			waitPort(t, srv, eat)
+			pb := in.Counters()
+			pp := start(t, cli, in.Bin, "peer", "pingpong", fmt.Sprintf("%s:%d", srv.IPv4, port+100), "--size", "64", "--count", "2000")
+			if err := pp.wait(t, time.Minute); err != nil {
+				t.Fatalf("pingpong from the attacker's pod: %v: %s", err, pp.err.String())
+			}
+			pd := testutil.Delta(pb, in.Counters())
+			t.Logf("request and response from the attacker's pod: %v", nonzero(pd))
+			mustAtLeast(t, pd, "redirect_msgs", 2*2000)
+			mustEqual(t, pd, "msg_quota", 0)
+			mustEqual(t, pd, "fallback_backlog", 0)
+
+			// stream fails unless the sink counted every byte sent.
+			for i, st := range streams {
+				if err := st.wait(t, 2*time.Minute); err != nil {
+					t.Fatalf("attacker stream %d: %v: %s", i, err, st.err.String())
+				}
+			}
+			waitFor(t, func() bool { o := ownerOf(t, in, cli); return o != nil && o.Msgs == 0 })
+		})
+	}
+}
+
+// tcpMemory is the memory TCP's sockets are charged for on the node
+// (/proc/net/sockstat's TCP mem, in pages), in bytes.
+func tcpMemory(t *testing.T) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/sockstat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "TCP:" {
+			continue
+		}
+		for i := 1; i+1 < len(f); i++ {
+			if f[i] == "mem" {
+				pages, err := strconv.ParseUint(f[i+1], 10, 64)
+				if err != nil {
+					t.Fatalf("parsing %q: %v", line, err)
+				}
+				return pages * uint64(os.Getpagesize())
+			}
+		}
+	}
+	t.Fatalf("no TCP mem in /proc/net/sockstat: %s", b)
+	return 0
+}
