@@ -67,19 +67,9 @@ func TestMessageBudget(t *testing.T) {
 			before := in.Counters()
 			st := start(t, cli, in.Bin, "peer", "stream", netip.AddrPortFrom(srv.IPv4, port).String(),
 				"--size", "1", "--count", fmt.Sprint(writes), "--nodelay", "1", "--large", fmt.Sprint(tc.large))
-			// The writer stops once held back; wait until the counters
-			// stand still (the sink reads only after 8 s).
-			var d map[string]uint64
-			var sent uint64
-			for i := 0; i < 50; i++ {
-				time.Sleep(100 * time.Millisecond)
-				d = testutil.Delta(before, in.Counters())
-				n := d["redirect_bytes"] + d["pass_bytes"]
-				if i >= 5 && n == sent {
-					break
-				}
-				sent = n
-			}
+			// The writer stops once held back (the sink reads only
+			// after 8 s).
+			d := heldBack(in, before, 5)
 			grew := int64(unreclaimableSlab(t)) - int64(slab)
 			t.Logf("held back: unreclaimable slab %+d KiB; %v", grew>>10, nonzero(d))
 			if grew > slack {
@@ -107,6 +97,24 @@ func TestMessageBudget(t *testing.T) {
 			}
 		})
 	}
+}
+
+// heldBack waits until writers held back stop moving the counters (bytes
+// redirected and passed), for at least settle tenths of a second and at
+// most five seconds more, and returns the counters' deltas since before.
+func heldBack(in *testutil.Instance, before map[string]uint64, settle int) map[string]uint64 {
+	var d map[string]uint64
+	var sent uint64
+	for i := 0; i < settle+50; i++ {
+		time.Sleep(100 * time.Millisecond)
+		d = testutil.Delta(before, in.Counters())
+		n := d["redirect_bytes"] + d["pass_bytes"]
+		if i >= settle && n == sent {
+			break
+		}
+		sent = n
+	}
+	return d
 }
 
 // unreclaimableSlab is the node's SUnreclaim (/proc/meminfo) in bytes.
@@ -177,19 +185,7 @@ func TestMessageQuota(t *testing.T) {
 				streams = append(streams, start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, port),
 					"--size", "1", "--count", fmt.Sprint(writes), "--nodelay", "1"))
 			}
-			// The writers stop once held back: wait until the counters
-			// stand still.
-			var d map[string]uint64
-			var sent uint64
-			for i := 0; i < 60; i++ {
-				time.Sleep(100 * time.Millisecond)
-				d = testutil.Delta(before, in.Counters())
-				n := d["redirect_bytes"] + d["pass_bytes"]
-				if i >= 10 && n == sent {
-					break
-				}
-				sent = n
-			}
+			d := heldBack(in, before, 10)
 			grew, tcpGrew := int64(unreclaimableSlab(t))-int64(slab), int64(tcpMemory(t))-int64(tcpMem)
 			t.Logf("held back: unreclaimable slab %+d KiB, TCP's memory %+d KiB; %v", grew>>10, tcpGrew>>10, nonzero(d))
 			// What the valve passes reaches the reader through its
