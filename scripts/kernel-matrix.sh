@@ -11,7 +11,9 @@
 # SOCKLANE_MATRIX_KERNELS ("run:PACKAGE refuse:URL@SHA256 ...") and
 # SOCKLANE_MATRIX_TESTS ("kerneltest e2e ...") and SOCKLANE_MATRIX_E2E (a
 # -test.run pattern) narrow a run by hand; SOCKLANE_MATRIX_KEEP=1 keeps the
-# guests' serial logs (/tmp/socklane-kmatrix.*/KVER.log).
+# guests' serial logs (/tmp/socklane-kmatrix.*/KVER.log, the tests';
+# KVER.kmsg, the kernel's console); SOCKLANE_MATRIX_SILENCE (seconds, 900)
+# is how long a guest may print nothing before it is stopped.
 #
 # Packages default to the newest linux-image-6.1.0-*-cloud-amd64-unsigned and
 # linux-image-6.12.*+deb12-cloud-amd64-unsigned apt knows. Kernels are cached
@@ -145,10 +147,10 @@ mount -t tmpfs tmpfs /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
 echo /sbin/modprobe > /proc/sys/kernel/modprobe
-# The kernel's own messages stay off the console the tests write to: one
-# printed in the middle of a test's line broke the line the matrix looks
-# for. The serious ones are printed after the tests (SLKD).
-echo 1 > /proc/sys/kernel/printk
+# The tests write to the second serial port (KVER.log); the kernel's
+# console is the first (KVER.kmsg), so its messages (an oops, a panic, a
+# warning) never break a test's line and are there when a guest dies.
+exec > /dev/ttyS1 2>&1
 for m in veth bridge br_netfilter nf_tables nft_compat nft_chain_nat nf_nat nft_ct nft_reject_inet inet_diag tcp_diag udp_diag; do
   modprobe "$m" || echo "SLK modprobe $m failed"
 done
@@ -167,7 +169,6 @@ for t in /tests/*.test; do
   echo "SLK end $name $r"
   [ $r = 0 ] || rc=1
 done
-dmesg -r 2>/dev/null | grep '^<[0-3]>' | tail -40 | sed 's/^/SLKD /'
 echo "SLK exit $rc"
 poweroff -f
 INIT
@@ -197,13 +198,31 @@ guest_modules() { # KDIR KVER DEST
 # by side: a guest's waits (timers, sleeps in the tests) leave the CPU to
 # the other. Per kernel: $work/$kver.{mode,ver,bins,log,secs}.
 booted=()
+# A guest whose tests print nothing for $silence seconds is stopped (its
+# log then ends without "SLK exit", which fails the run): the slowest
+# test prints a line every few minutes under emulation.
+silence="${SOCKLANE_MATRIX_SILENCE:-900}"
 boot_kernel() { # KVER KDIR CPIO
-  local start
+  local start pid size last=-1 quiet=0
   start=$(date +%s)
+  : > "$work/$1.log"
   timeout 4000 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 3072 -smp 2 \
-    -nodefaults -display none -no-reboot -serial "file:$work/$1.log" -net none \
+    -nodefaults -display none -no-reboot -serial "file:$work/$1.kmsg" -serial "file:$work/$1.log" -net none \
     -kernel "$2/boot/vmlinuz-$1" -initrd "$3" \
-    -append "console=ttyS0 panic=-1 loglevel=1 mitigations=off" >/dev/null 2>&1 || true
+    -append "console=ttyS0 panic=-1 loglevel=5 mitigations=off" >/dev/null 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 5
+    size=$(stat -c %s "$work/$1.log" 2>/dev/null || echo 0)
+    if [ "$size" != "$last" ]; then last=$size quiet=0; else quiet=$((quiet + 5)); fi
+    if [ "$quiet" -ge "$silence" ]; then
+      log "$1: no output for ${silence}s: stopping the guest"
+      echo "$silence" > "$work/$1.silent"
+      kill "$pid" 2>/dev/null || true
+      break
+    fi
+  done
+  wait "$pid" || true
   echo $(( $(date +%s) - start )) > "$work/$1.secs"
 }
 for k in "${kernels[@]}"; do
@@ -261,6 +280,15 @@ for kver in "${booted[@]}"; do
   touch "$out"
   sed -n '/^SLK\|^=== RUN\|^--- \|^    \|^ok\|^FAIL\|^PASS/p' "$out" | tr -d '\r' | sed "s/^/[$kver] /" >&2
   status=$(tr -d '\r' < "$out" | awk '/^SLK exit/ {print $3}' | tail -1)
+  if [ -z "$status" ]; then
+    # The guest died or was stopped mid-test: its last test line and the
+    # kernel's last words.
+    why="the guest stopped before the tests ended"
+    [ ! -f "$work/$kver.silent" ] || why="no output for $(cat "$work/$kver.silent")s: the guest was stopped"
+    last=$(tr -d '\r' < "$out" | grep -E '^(=== RUN|SLK begin)' | tail -1 || true)
+    log "$kver: $why, in: ${last:-(no test had begun)}"
+    tr -d '\r' < "$work/$kver.kmsg" 2>/dev/null | tail -60 | sed "s/^/[$kver kernel] /" >&2 || true
+  fi
   # The requirement check must agree with the matrix: run kernels meet
   # them, the refused one is refused by name.
   want=$([ "$mode" = run ] && echo "SLKR meets" || echo "SLKR refused")
