@@ -12,6 +12,7 @@
 #include "sl_maps.h"
 #include "sl_event_maps.h"
 #include "sl_kernel.h"
+#include "sl_quota.h"
 
 static __always_inline __u32 word_gen(__u64 w) { return w >> SL_WORD_GEN_SHIFT; }
 static __always_inline __u32 word_state(__u64 w) { return (w >> SL_WORD_STATE_SHIFT) & SL_WORD_FIELD_MASK; }
@@ -167,14 +168,7 @@ static __always_inline void owner_release(__u64 owner, int what)
 	if (!o)
 		return;
 	__u64 *refused, quota;
-	__u64 *n = owner_held(o, what, &refused, &quota);
-	/* Never below zero: an entry the agent removed (its cgroup gone) and
-	 * made again must not wrap. */
-	for (int i = 0; i < 4; i++) {
-		__u64 v = *n;
-		if (!v || __sync_val_compare_and_swap(n, v, v - 1) == v)
-			return;
-	}
+	quota_return(owner_held(o, what, &refused, &quota), 1);
 }
 
 /* Charges owner n messages within its quota of them (msgs_quota in
@@ -212,11 +206,7 @@ static __always_inline void owner_msgs_release(__u64 owner, __u32 n)
 	struct sl_owner *o = n ? bpf_map_lookup_elem(&sl_owners, &owner) : 0;
 	if (!o)
 		return;
-	for (int i = 0; i < 4; i++) {
-		__u64 v = o->msgs;
-		if (!v || __sync_val_compare_and_swap(&o->msgs, v, v > n ? v - n : 0) == v)
-			return;
-	}
+	quota_return(&o->msgs, n);
 }
 
 /* Takes a connection slot: a fresh one while any is left, else the one

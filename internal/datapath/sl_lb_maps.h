@@ -8,6 +8,7 @@
 #include <bpf/bpf_helpers.h>
 #include "sl_consts.h"
 #include "sl_lb_structs.h"
+#include "sl_quota.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -125,17 +126,6 @@ static __always_inline void lb_count(enum sl_lb_counter c)
 		cnt->c[c]++;
 }
 
-/* Returns n entries of a table charged to owner (its count at held),
- * never below zero. */
-static __always_inline void owner_release_n(__u64 *held, __u64 n)
-{
-	for (int i = 0; i < 4; i++) {
-		__u64 v = *held;
-		if (!v || __sync_val_compare_and_swap(held, v, v > n ? v - n : 0) == v)
-			return;
-	}
-}
-
 /* The owner's holdings, made if it has none yet. */
 static __always_inline struct sl_lb_owner *lb_owner(__u64 owner)
 {
@@ -150,7 +140,7 @@ static __always_inline struct sl_lb_owner *lb_owner(__u64 owner)
 /* Returns one entry of a table charged to owner (its count at held). */
 static __always_inline void owner_release(__u64 *held)
 {
-	owner_release_n(held, 1);
+	quota_return(held, 1);
 }
 
 /* Returns one sl_lb_conns entry charged to owner. */

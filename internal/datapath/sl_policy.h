@@ -244,7 +244,7 @@ static __always_inline int pol_tables_charge(__u64 owner, __u32 n)
 	if (o) {
 		if (__sync_fetch_and_add(&o->udp_tables, n) + n <= sl_settings.owner_udp_tables)
 			return 1;
-		owner_release_n(&o->udp_tables, n);
+		quota_return(&o->udp_tables, n);
 		__sync_fetch_and_add(&o->udp_tables_refused, 1);
 	}
 	lb_count(SL_LB_POL_REPLIES_QUOTA);
@@ -256,7 +256,7 @@ static __always_inline void pol_tables_uncharge(__u64 owner, __u32 n)
 {
 	struct sl_lb_owner *o = bpf_map_lookup_elem(&sl_lb_owners, &owner);
 	if (o)
-		owner_release_n(&o->udp_tables, n);
+		quota_return(&o->udp_tables, n);
 }
 
 /* Returns what sk's exchange tables were charged (at its close). */
