@@ -107,6 +107,37 @@ struct tcp_sock {
 #define SL_TCP_NAGLE_OFF 1
 #define SL_TCP_NAGLE_CORK 2
 
+/* A kfunc of 6.2 on: a pointer the verifier lets a program read through
+ * directly (read-only, each load fault-tolerant), for a type it names by
+ * its kernel BTF id. Weak: absent on older kernels, where its address reads
+ * 0 (sl_ksym_exists) and its branch is dead code. */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+#define sl_ksym_exists(sym) (!!&(sym))
+
+/* sk's TCP fields read by plain loads where the kernel can type the
+ * pointer (bpf_rdonly_cast, 6.2 on), else 0: the caller then reads them
+ * with bpf_probe_read_kernel, a helper call each (about 10-20 ns; the
+ * valve reads four at every verdict). */
+static __always_inline struct tcp_sock *tcp_ro(struct sock *sk)
+{
+	if (!sk || !sl_ksym_exists(bpf_rdonly_cast))
+		return 0;
+	return bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock));
+}
+
+/* A plain load through tcp_ro or psock_ro, kept apart from the probed
+ * read of the other branch: clang would otherwise merge the two into one
+ * load from either pointer, which the verifier refuses. */
+#define sl_ro_load(v) ({ typeof(v) __v = (v); asm volatile("" : "+r"(__v)); __v; })
+
+/* ps read by plain loads, as tcp_ro, else 0. */
+static __always_inline struct sk_psock *psock_ro(struct sk_psock *ps)
+{
+	if (!ps || !sl_ksym_exists(bpf_rdonly_cast))
+		return 0;
+	return bpf_rdonly_cast(ps, bpf_core_type_id_kernel(struct sk_psock));
+}
+
 /* Whether TCP would coalesce tp's small writes into segments: Nagle on
  * (no TCP_NODELAY), or the socket corked (TCP_CORK). With TCP_NODELAY
  * alone each write leaves as a segment of its own. */
@@ -125,7 +156,10 @@ static __always_inline int tcp_coalesces(struct tcp_sock *tp)
 static __always_inline __u32 rcvbuf_growth(struct sock *sk)
 {
 	/* A 4-bit field on some kernels (6.1), a byte on others. */
-	if (BPF_CORE_READ_BITFIELD_PROBED(sk, sk_userlocks) & SL_SOCK_RCVBUF_LOCK)
+	struct tcp_sock *ro = tcp_ro(sk);
+	__u8 locks = ro ? sl_ro_load((__u8)BPF_CORE_READ_BITFIELD((struct sock *)ro, sk_userlocks))
+			: BPF_CORE_READ_BITFIELD_PROBED(sk, sk_userlocks);
+	if (locks & SL_SOCK_RCVBUF_LOCK)
 		return 0;
 	struct net *net = sk->__sk_common.skc_net.net;
 	if (!net)
@@ -165,12 +199,6 @@ static __always_inline __u64 sock_owner(struct sock *sk)
 	return kn->id;
 }
 
-/* A kfunc of 6.2 on: a pointer the verifier lets a program read through
- * directly (read-only, each load fault-tolerant), for a type it names by
- * its kernel BTF id. Weak: absent on older kernels, where its address reads
- * 0 (sl_ksym_exists) and its branch is dead code. */
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
-#define sl_ksym_exists(sym) (!!&(sym))
 
 static __always_inline struct sk_psock *psock_of(struct sock *sk)
 {
@@ -261,11 +289,17 @@ static __always_inline __u32 tcp_rcv_nxt(struct sock *sk)
  * full sk's buffer has become since it said so. */
 static __always_inline __u32 tcp_window_open(struct sock *sk)
 {
-	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	struct tcp_sock *tp = (struct tcp_sock *)sk, *ro = tcp_ro(sk);
 	__u32 wup = 0, wnd = 0, nxt = 0;
-	bpf_core_read(&wup, sizeof(wup), &tp->rcv_wup);
-	bpf_core_read(&wnd, sizeof(wnd), &tp->rcv_wnd);
-	bpf_core_read(&nxt, sizeof(nxt), &tp->rcv_nxt);
+	if (ro) {
+		wup = sl_ro_load(ro->rcv_wup);
+		wnd = sl_ro_load(ro->rcv_wnd);
+		nxt = sl_ro_load(ro->rcv_nxt);
+	} else {
+		bpf_core_read(&wup, sizeof(wup), &tp->rcv_wup);
+		bpf_core_read(&wnd, sizeof(wnd), &tp->rcv_wnd);
+		bpf_core_read(&nxt, sizeof(nxt), &tp->rcv_nxt);
+	}
 	__s32 left = (__s32)(wup + wnd - nxt);
 	return left > 0 ? left : 0;
 }

@@ -348,12 +348,12 @@ static __noinline __u32 valve_held(struct sl_sock *st, struct sl_conn *c, __u64 
  * It opens too for a send that finds the peer's queue holding msg_budget()
  * messages (msgs_held), and closes only once it holds at most half of them.
  * *mroom: the messages the peer may still take after this send. */
-static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 len, __u64 offset, __u32 *mroom)
+/* The queue valve_room lets peer hold (below). A subprogram: its
+ * branches on the peer's buffer and window stay out of sl_msg's states. */
+static __noinline __u32 valve_limit(struct sock *peer)
 {
-	struct sock *peer = member_sock(st->slot, st->role ^ 1);
 	if (!peer)
-		return len; /* the redirect misses: the caller moves to TCP */
-	__u32 queued = queued_bytes(peer);
+		return 0;
 	int rcvbuf = peer->sk_rcvbuf;
 	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
 	/* The room TCP's first flight needs: its whole window. */
@@ -374,6 +374,16 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 		if (limit < floor)
 			limit = floor;
 	}
+	return limit;
+}
+
+static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 len, __u64 offset, __u32 *mroom)
+{
+	struct sock *peer = member_sock(st->slot, st->role ^ 1);
+	if (!peer)
+		return len; /* the redirect misses: the caller moves to TCP */
+	__u32 queued = queued_bytes(peer);
+	__u32 limit = valve_limit(peer);
 	__u32 held, budget = msg_budget();
 	if (st->valve) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
