@@ -147,6 +147,12 @@ type Sample struct {
 	// StreamFallbacks: bypassed directions that moved to TCP during the
 	// run as fast one-way streams of small sends (fallback_small_stream).
 	StreamFallbacks uint64 `json:",omitempty"`
+	// ValveOpens and ValveBytes: how often the valve pushed a writer
+	// back through TCP during the run, and the bytes it passed there;
+	// RedirectedBytes: the bytes redirected (socklane's path).
+	ValveOpens      uint64 `json:",omitempty"`
+	ValveBytes      uint64 `json:",omitempty"`
+	RedirectedBytes uint64 `json:",omitempty"`
 	// KeptOnTCP: with --default-settings, why a bypass sample's
 	// connections stayed on TCP (the largest fallback counter's name), if
 	// nothing was redirected.

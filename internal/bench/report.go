@@ -123,6 +123,7 @@ func (r *Report) Markdown(w io.Writer) {
 	r.policiesMarkdown(w)
 	r.portsMarkdown(w)
 	r.fallbackMarkdown(w)
+	r.valveMarkdown(w)
 	if len(r.Programs) > 0 {
 		fmt.Fprintln(w, "\n### BPF program cost (kernel run-time statistics over the whole run)")
 		fmt.Fprintln(w, "\n| program | runs | ns per run |")
@@ -183,6 +184,39 @@ func (r *Report) fallbackMarkdown(w io.Writer) {
 			name = c.Tool + " " + c.Kind
 		}
 		fmt.Fprintf(w, "| %s | %d | %s | %s | %d of %d | %d | %d |\n", name, c.Size, c.Scenario, c.Placement, runs, len(c.Samples[PathBypass]), backlog, small)
+	}
+}
+
+// valveMarkdown lists the bypass runs in which the valve pushed a writer
+// back through TCP while its reader caught up: how often, and the share
+// of the bytes TCP carried (the rest were redirected).
+func (r *Report) valveMarkdown(w io.Writer) {
+	header := false
+	for _, c := range r.Cases {
+		runs, opens, passed, redirected := 0, uint64(0), uint64(0), uint64(0)
+		for _, s := range c.Samples[PathBypass] {
+			if s.ValveOpens > 0 {
+				runs++
+			}
+			opens += s.ValveOpens
+			passed += s.ValveBytes
+			redirected += s.RedirectedBytes
+		}
+		if runs == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\n### Bypass runs in which the valve pushed the writer back through TCP")
+			fmt.Fprintln(w, "\n| measurement | size (B) | scenario | placement | runs | valve opens | bytes through TCP |")
+			fmt.Fprintln(w, "|---|---:|---|---|---:|---:|---:|")
+			header = true
+		}
+		name := title(c.Kind)
+		if c.Tool != "" {
+			name = c.Tool + " " + c.Kind
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %d of %d | %d | %.1f%% |\n", name, c.Size, c.Scenario, c.Placement, runs,
+			len(c.Samples[PathBypass]), opens, 100*float64(passed)/float64(max(passed+redirected, 1)))
 	}
 }
 

@@ -21,12 +21,25 @@ func TestMarkdownNotes(t *testing.T) {
 		}
 		return c
 	}
+	// valve: two runs, the valve opened three times in the first and
+	// passed a quarter of its bytes to TCP.
+	valve := &Case{Kind: Throughput, Size: 1024, Placement: "same-cpu", Scenario: PodToPod, Samples: map[string][]Sample{
+		PathTCP:    {{MBps: 300}, {MBps: 300}},
+		PathBypass: {{MBps: 400, Redirected: 10, RedirectedBytes: 750, ValveOpens: 3, ValveBytes: 250}, {MBps: 400, Redirected: 10, RedirectedBytes: 1000}},
+	}}
 	for _, tc := range []struct {
 		name     string
 		rep      Report
 		want     []string
 		dontWant []string
 	}{
+		{
+			name: "the valve in one run of two",
+			rep:  Report{BPFStats: true, Cases: []*Case{valve}, Settings: datapath.Settings{BacklogValve: datapath.ModeOn}},
+			want: []string{"### Bypass runs in which the valve pushed the writer back through TCP",
+				"| One-way stream throughput | 1024 | pod-to-pod | same-cpu | 1 of 2 | 3 | 12.5% |"},
+			dontWant: []string{"moved to TCP (receiver"},
+		},
 		{
 			name:     "no fallback, statistics on",
 			rep:      Report{BPFStats: true, Cases: []*Case{stream(0, 0, 0)}},

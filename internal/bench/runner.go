@@ -279,6 +279,8 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	theirs := bareAfter.Redirected - bareBefore.Redirected
 	s.BacklogFallbacks = d.Get(datapath.CounterFallbackBacklog)
 	s.StreamFallbacks = d.Get(datapath.CounterFallbackSmall)
+	s.ValveOpens, s.ValveBytes = d.Get(datapath.CounterValveOpens), d.Get(datapath.CounterValveBytes)
+	s.RedirectedBytes = d.Get(datapath.CounterRedirectBytes)
 	s.Redirected = ours
 	if path == PathBare {
 		s.Redirected, s.BareMissed = theirs, bareAfter.Missed-bareBefore.Missed

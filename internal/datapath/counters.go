@@ -26,6 +26,8 @@ const (
 	CounterPassBytes        = bypassSlCounterSL_C_PASS_BYTES
 	CounterFallbackBacklog  = bypassSlCounterSL_C_FALLBACK_BACKLOG
 	CounterFallbackSmall    = bypassSlCounterSL_C_FALLBACK_SMALL_STREAM
+	CounterValveOpens       = bypassSlCounterSL_C_VALVE_OPENS
+	CounterValveBytes       = bypassSlCounterSL_C_VALVE_BYTES
 	LBCounterSelected       = servicelbSlLbCounterSL_LB_SELECTED
 	LBCounterPolFirstPacket = servicelbSlLbCounterSL_LB_POL_FIRST_PACKET
 	LBCounterPolDenied      = servicelbSlLbCounterSL_LB_POL_DENIED_CONNECT
