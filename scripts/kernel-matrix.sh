@@ -83,9 +83,13 @@ for b in "${bins[@]}"; do
 done
 (cd "$here" && CGO_ENABLED=0 go build -trimpath -o "$root/usr/bin/socklane" ./cmd/socklane)
 # Scale (10,000 services, 10,000 connects racing applies, 64 streams of
-# 512 KiB each way) is the host's to prove: everything in the guests is
-# emulated. They run -test.short, 32 streams of 128 KiB each way.
-e2e_flags="-test.short -integrity.conns=32 -integrity.bytes=131072"
+# 512 KiB each way, slow receivers flooded with 16 MiB) is the host's to
+# prove: everything in the guests is emulated. They run -test.short, 32
+# streams of 128 KiB each way, and 2 MiB floods where a test does not set
+# its own (the blocking-reader and bypass-default tests flooded 64-128 MiB
+# a row: 235 and 147 s on 6.12 with 16 MiB floods, 115-123 and 103-106 s
+# with 2 MiB).
+e2e_flags="-test.short -integrity.conns=32 -integrity.bytes=131072 -integrity.slow-bytes=2097152"
 printf '%s\n' "-test.run=$e2e_run $e2e_flags" > "$root/tests/e2e.args"
 # The datapath's programs load and run on each kernel; the services'
 # table logic at scale (random changes against a full apply, the mirror

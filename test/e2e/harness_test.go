@@ -35,6 +35,7 @@ var (
 	integrityWindow  = flag.Int("integrity.window", 4096, "--verdict-window for TestBypassIntegrity")
 	integrityReaders = flag.String("integrity.slow-readers", "", "--slow-readers for TestBypassIntegrity (empty: the default)")
 	integrityBytes   = flag.Int64("integrity.bytes", 512<<10, "average bytes per side per connection (64 conns x 2 x this = run size; 8MiB moves ~1GiB)")
+	integritySlow    = flag.Int64("integrity.slow-bytes", 16<<20, "bytes each slow-receiver connection floods in integrity runs whose test does not set --slow-bytes")
 )
 
 // proc is a process started in a pod.
@@ -124,6 +125,9 @@ func integritySides(t *testing.T, in *testutil.Instance, srv, cli *testbed.Pod, 
 	conns := strconv.Itoa(nconns)
 	bytesArg := strconv.FormatInt(*integrityBytes, 10)
 	args := []string{"--conns", conns, "--bytes", bytesArg}
+	if !slices.Contains(cliExtra, "--slow-bytes") {
+		args = append(args, "--slow-bytes", strconv.FormatInt(*integritySlow, 10))
+	}
 	// Where the kernel answers FIONREAD with 0 for redirected bytes (what
 	// makes --bypass auto leave the bypass off there), streams bypassed
 	// anyway are checked for everything else.
