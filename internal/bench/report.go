@@ -155,69 +155,67 @@ func (r *Report) policiesMarkdown(w io.Writer) {
 	}
 }
 
-// fallbackMarkdown lists the bypass runs in which a direction left the
-// bypass: because its receiver fell behind (the backlog rule), or as a
-// fast one-way stream of small sends (which TCP coalesces). The rest of
-// those runs went through TCP, and their ratio says so.
-func (r *Report) fallbackMarkdown(w io.Writer) {
+// runsMarkdown writes a table of the cases row gives a row for (its
+// cells after the case's name, size, scenario and placement), under
+// heading and the columns after those four; nothing if none does.
+func (r *Report) runsMarkdown(w io.Writer, heading, columns string, row func(c *Case) (string, bool)) {
 	header := false
 	for _, c := range r.Cases {
-		runs, backlog, small := 0, uint64(0), uint64(0)
-		for _, s := range c.Samples[PathBypass] {
-			if s.BacklogFallbacks+s.StreamFallbacks > 0 {
-				runs++
-				backlog += s.BacklogFallbacks
-				small += s.StreamFallbacks
-			}
-		}
-		if runs == 0 {
+		cells, ok := row(c)
+		if !ok {
 			continue
 		}
 		if !header {
-			fmt.Fprintln(w, "\n### Bypass runs that moved to TCP (receiver behind by more than the backlog limit, or a fast stream of small sends)")
-			fmt.Fprintln(w, "\n| measurement | size (B) | scenario | placement | runs | directions moved: backlog | small stream |")
-			fmt.Fprintln(w, "|---|---:|---|---|---:|---:|---:|")
+			fmt.Fprintf(w, "\n### %s\n", heading)
+			fmt.Fprintf(w, "\n| measurement | size (B) | scenario | placement | %s |\n", columns)
+			fmt.Fprintf(w, "|---|---:|---|---|%s\n", strings.Repeat("---:|", strings.Count(columns, "|")+1))
 			header = true
 		}
 		name := title(c.Kind)
 		if c.Tool != "" {
 			name = c.Tool + " " + c.Kind
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %d of %d | %d | %d |\n", name, c.Size, c.Scenario, c.Placement, runs, len(c.Samples[PathBypass]), backlog, small)
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s |\n", name, c.Size, c.Scenario, c.Placement, cells)
 	}
+}
+
+// fallbackMarkdown lists the bypass runs in which a direction left the
+// bypass: because its receiver fell behind (the backlog rule), or as a
+// fast one-way stream of small sends (which TCP coalesces). The rest of
+// those runs went through TCP, and their ratio says so.
+func (r *Report) fallbackMarkdown(w io.Writer) {
+	r.runsMarkdown(w, "Bypass runs that moved to TCP (receiver behind by more than the backlog limit, or a fast stream of small sends)",
+		"runs | directions moved: backlog | small stream", func(c *Case) (string, bool) {
+			runs, backlog, small := 0, uint64(0), uint64(0)
+			for _, s := range c.Samples[PathBypass] {
+				if s.BacklogFallbacks+s.StreamFallbacks > 0 {
+					runs++
+					backlog += s.BacklogFallbacks
+					small += s.StreamFallbacks
+				}
+			}
+			return fmt.Sprintf("%d of %d | %d | %d", runs, len(c.Samples[PathBypass]), backlog, small), runs > 0
+		})
 }
 
 // valveMarkdown lists the bypass runs in which the valve pushed a writer
 // back through TCP while its reader caught up: how often, and the share
 // of the bytes TCP carried (the rest were redirected).
 func (r *Report) valveMarkdown(w io.Writer) {
-	header := false
-	for _, c := range r.Cases {
-		runs, opens, passed, redirected := 0, uint64(0), uint64(0), uint64(0)
-		for _, s := range c.Samples[PathBypass] {
-			if s.ValveOpens > 0 {
-				runs++
+	r.runsMarkdown(w, "Bypass runs in which the valve pushed the writer back through TCP",
+		"runs | valve opens | bytes through TCP", func(c *Case) (string, bool) {
+			runs, opens, passed, redirected := 0, uint64(0), uint64(0), uint64(0)
+			for _, s := range c.Samples[PathBypass] {
+				if s.ValveOpens > 0 {
+					runs++
+				}
+				opens += s.ValveOpens
+				passed += s.ValveBytes
+				redirected += s.RedirectedBytes
 			}
-			opens += s.ValveOpens
-			passed += s.ValveBytes
-			redirected += s.RedirectedBytes
-		}
-		if runs == 0 {
-			continue
-		}
-		if !header {
-			fmt.Fprintln(w, "\n### Bypass runs in which the valve pushed the writer back through TCP")
-			fmt.Fprintln(w, "\n| measurement | size (B) | scenario | placement | runs | valve opens | bytes through TCP |")
-			fmt.Fprintln(w, "|---|---:|---|---|---:|---:|---:|")
-			header = true
-		}
-		name := title(c.Kind)
-		if c.Tool != "" {
-			name = c.Tool + " " + c.Kind
-		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %d of %d | %d | %.1f%% |\n", name, c.Size, c.Scenario, c.Placement, runs,
-			len(c.Samples[PathBypass]), opens, 100*float64(passed)/float64(max(passed+redirected, 1)))
-	}
+			return fmt.Sprintf("%d of %d | %d | %.1f%%", runs, len(c.Samples[PathBypass]), opens,
+				100*float64(passed)/float64(max(passed+redirected, 1))), runs > 0
+		})
 }
 
 // servicesMarkdown compares socklane's load balancer with kube-proxy's
