@@ -199,7 +199,6 @@ static __always_inline __u64 sock_owner(struct sock *sk)
 	return kn->id;
 }
 
-
 static __always_inline struct sk_psock *psock_of(struct sock *sk)
 {
 	if (!sk)

@@ -304,6 +304,35 @@ static __noinline __u32 valve_held(struct sl_sock *st, struct sl_conn *c, __u64 
 	return held;
 }
 
+/* The queue valve_room (below) lets peer hold. A subprogram: its
+ * branches on the peer's buffer and window stay out of sl_msg's states. */
+static __noinline __u32 valve_limit(struct sock *peer)
+{
+	if (!peer)
+		return 0;
+	int rcvbuf = peer->sk_rcvbuf;
+	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
+	/* The room TCP's first flight needs: its whole window. */
+	__u32 full = tcp_window_open(peer), grow = rcvbuf_growth(peer);
+	if (rcvbuf <= 0 || full >= (__u32)rcvbuf)
+		limit = 0;
+	else if (limit > (__u32)rcvbuf - full)
+		limit = (__u32)rcvbuf - full;
+	/* The floor under a buffer TCP has not grown, as far as the buffer
+	 * may be raised with twice the window free for the flight. */
+	if (rcvbuf > 0 && (__u32)rcvbuf <= SL_VALVE_SMALL_BUF) {
+		__u32 floor = sl_settings.backlog_limit / 2;
+		__u64 fits = (__u64)rcvbuf + grow, flight = 2 * (__u64)full;
+		if (floor > SL_VALVE_FLOOR)
+			floor = SL_VALVE_FLOOR;
+		if (fits < floor + flight)
+			floor = fits > flight ? fits - flight : 0;
+		if (limit < floor)
+			limit = floor;
+	}
+	return limit;
+}
+
 /* The valve (--slow-readers valve, SL_VALVE_* in sl_consts.h): the bytes
  * st's socket may still redirect before its peer's queue comes within
  * SL_VALVE_MARGIN of the peer's SO_RCVBUF, or within the room TCP's
@@ -348,35 +377,6 @@ static __noinline __u32 valve_held(struct sl_sock *st, struct sl_conn *c, __u64 
  * It opens too for a send that finds the peer's queue holding msg_budget()
  * messages (msgs_held), and closes only once it holds at most half of them.
  * *mroom: the messages the peer may still take after this send. */
-/* The queue valve_room lets peer hold (below). A subprogram: its
- * branches on the peer's buffer and window stay out of sl_msg's states. */
-static __noinline __u32 valve_limit(struct sock *peer)
-{
-	if (!peer)
-		return 0;
-	int rcvbuf = peer->sk_rcvbuf;
-	__u32 limit = rcvbuf > 2 * SL_VALVE_MARGIN ? rcvbuf - SL_VALVE_MARGIN : (__u32)rcvbuf / 2;
-	/* The room TCP's first flight needs: its whole window. */
-	__u32 full = tcp_window_open(peer), grow = rcvbuf_growth(peer);
-	if (rcvbuf <= 0 || full >= (__u32)rcvbuf)
-		limit = 0;
-	else if (limit > (__u32)rcvbuf - full)
-		limit = (__u32)rcvbuf - full;
-	/* The floor under a buffer TCP has not grown, as far as the buffer
-	 * may be raised with twice the window free for the flight. */
-	if (rcvbuf > 0 && (__u32)rcvbuf <= SL_VALVE_SMALL_BUF) {
-		__u32 floor = sl_settings.backlog_limit / 2;
-		__u64 fits = (__u64)rcvbuf + grow, flight = 2 * (__u64)full;
-		if (floor > SL_VALVE_FLOOR)
-			floor = SL_VALVE_FLOOR;
-		if (fits < floor + flight)
-			floor = fits > flight ? fits - flight : 0;
-		if (limit < floor)
-			limit = floor;
-	}
-	return limit;
-}
-
 static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 len, __u64 offset, __u32 *mroom)
 {
 	struct sock *peer = member_sock(st->slot, st->role ^ 1);
