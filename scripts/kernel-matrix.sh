@@ -173,6 +173,9 @@ for t in /tests/*.test; do
   echo "SLK end $name $r"
   [ $r = 0 ] || rc=1
 done
+# The kernel's serious messages (errors and worse) of a guest that lived
+# on, in the results too (its console, KVER.kmsg, is kept only by hand).
+dmesg -r 2>/dev/null | grep '^<[0-3]>' | tail -40 | sed 's/^/SLKD /'
 echo "SLK exit $rc"
 poweroff -f
 INIT
