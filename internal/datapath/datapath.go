@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/socklane/socklane/internal/sockbugs"
 )
@@ -56,6 +57,16 @@ type Datapath struct {
 	features Features
 	// lbm mirrors the service maps between applies (nil: read them).
 	lbm *lbMirror
+	// types holds the kernel's BTF, decoded once per open for the
+	// feature probe and the three collections' relocations (each
+	// decoding of its own took a tenth of a load).
+	types *btf.Cache
+}
+
+// loadOptions are the options every collection of the datapath is loaded
+// or adopted with: maps pinned in the pin directory, kernel types shared.
+func (d *Datapath) loadOptions() *ebpf.CollectionOptions {
+	return &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}, Cache: d.types}
 }
 
 // Features is what the kernel offered the datapath, and what was adapted.
@@ -82,7 +93,8 @@ func Open(cfg Config) (*Datapath, error) {
 	} else if err := CheckKernel(); err != nil {
 		return nil, err
 	}
-	f, err := ProbeFeatures()
+	types := btf.NewCache()
+	f, err := probeFeatures(types)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +109,7 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := os.Chmod(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("restricting pin directory %s to root: %w", cfg.PinDir, err)
 	}
-	d, err := open(cfg, f)
+	d, err := open(cfg, f, types)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +150,7 @@ func loadSpec(f *Features, want Settings) (*ebpf.CollectionSpec, Settings, error
 	return spec, loaded, nil
 }
 
-func create(cfg Config, f Features) (*Datapath, error) {
+func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 	// The sockmap bugs decide the settings left to the kernel: found
 	// first, in a network namespace of their own, recorded once loaded.
 	f.setBugs(sockbugs.Detect())
@@ -146,12 +158,11 @@ func create(cfg Config, f Features) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{cfg: cfg, features: f}
+	d := &Datapath{cfg: cfg, features: f, types: types}
 	if d.layout, err = layoutOf(spec, bypassVarSlSettings); err != nil {
 		return nil, err
 	}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
-	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+	if err := spec.LoadAndAssign(&d.objs, d.loadOptions()); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("loading datapath (verifier rejected it, the kernel lacks a needed feature): %+v", ve)
@@ -213,7 +224,7 @@ func create(cfg Config, f Features) (*Datapath, error) {
 	return d, nil
 }
 
-func adopt(cfg Config, f Features) (*Datapath, error) {
+func adopt(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 	if err := checkLayout(cfg.PinDir); err != nil {
 		return nil, err
 	}
@@ -223,15 +234,14 @@ func adopt(cfg Config, f Features) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{cfg: cfg, adopted: true, features: f}
+	d := &Datapath{cfg: cfg, adopted: true, features: f, types: types}
 	if d.layout, err = layoutOf(spec, bypassVarSlSettings); err != nil {
 		return nil, err
 	}
 	// Maps are reused from their pins by LoadAndAssign; programs are the
 	// pinned ones, so live sockets and attachments keep what they run.
 	mapsOnly := struct{ bypassMaps }{}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
-	if err := spec.LoadAndAssign(&mapsOnly, opts); err != nil {
+	if err := spec.LoadAndAssign(&mapsOnly, d.loadOptions()); err != nil {
 		return nil, fmt.Errorf("adopting pinned maps in %s: %w: %w", cfg.PinDir, ErrIncompatible, err)
 	}
 	d.objs.bypassMaps = mapsOnly.bypassMaps

@@ -98,13 +98,17 @@ func kernelAtLeast(release string, major, minor int) bool {
 }
 
 // ProbeFeatures probes the running kernel.
-func ProbeFeatures() (Features, error) {
+func ProbeFeatures() (Features, error) { return probeFeatures(btf.NewCache()) }
+
+// probeFeatures probes the running kernel, reading its types from types
+// (decoded once for the probe and every collection loaded after it).
+func probeFeatures(types *btf.Cache) (Features, error) {
 	var f Features
 	var uts unix.Utsname
 	if err := unix.Uname(&uts); err == nil {
 		f.Kernel = unix.ByteSliceToString(uts.Release[:])
 	}
-	kspec, err := btf.LoadKernelSpec()
+	kspec, err := types.Kernel()
 	if err != nil {
 		return f, fmt.Errorf("reading the kernel's BTF (socklane needs CONFIG_DEBUG_INFO_BTF): %w", err)
 	}

@@ -72,8 +72,7 @@ func (d *Datapath) createLB(loaded Settings) error {
 	if err := loaded.set(spec, servicelbVarSlSettings); err != nil {
 		return err
 	}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
-	if err := spec.LoadAndAssign(&d.lb, opts); err != nil {
+	if err := spec.LoadAndAssign(&d.lb, d.loadOptions()); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return fmt.Errorf("loading service load balancer (verifier rejected it): %+v", ve)
@@ -95,8 +94,7 @@ func (d *Datapath) adoptLB() error {
 		return err
 	}
 	maps := struct{ servicelbMaps }{}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
-	if err := spec.LoadAndAssign(&maps, opts); err != nil {
+	if err := spec.LoadAndAssign(&maps, d.loadOptions()); err != nil {
 		return fmt.Errorf("adopting pinned service maps in %s: %w: %w", d.cfg.PinDir, ErrIncompatible, err)
 	}
 	d.lb.servicelbMaps = maps.servicelbMaps

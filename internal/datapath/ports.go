@@ -67,8 +67,7 @@ func (d *Datapath) createPorts() error {
 	if err != nil {
 		return err
 	}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
-	if err := spec.LoadAndAssign(&d.pt, opts); err != nil {
+	if err := spec.LoadAndAssign(&d.pt, d.loadOptions()); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return fmt.Errorf("loading port virtualization (verifier rejected it): %+v", ve)
@@ -90,8 +89,7 @@ func (d *Datapath) adoptPorts() error {
 		return err
 	}
 	maps := struct{ portsMaps }{}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.cfg.PinDir}}
-	if err := spec.LoadAndAssign(&maps, opts); err != nil {
+	if err := spec.LoadAndAssign(&maps, d.loadOptions()); err != nil {
 		return fmt.Errorf("adopting pinned port maps in %s: %w: %w", d.cfg.PinDir, ErrIncompatible, err)
 	}
 	d.pt.portsMaps = maps.portsMaps
