@@ -192,6 +192,20 @@ static __always_inline int in_scope(struct bpf_sock_addr *ctx)
 	return !bpf_map_lookup_elem(&sl_lb_optout, &netns);
 }
 
+/* pol_connect for translate, as a global function: the verifier checks it
+ * once, on its own, instead of at each of translate's paths that reach
+ * it (before and after a pick, for each protocol and address family). */
+__noinline int lb_pol_connect(struct bpf_sock_addr *ctx, const struct sl_backend *dst, __u32 proto, __u32 unconnected,
+			      struct sl_pol_verdict *v)
+{
+	if (!ctx || !dst || !v)
+		return 0;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 0;
+	return pol_connect(ctx, sk, dst, proto, unconnected, v);
+}
+
 /* connect() and unconnected sends: returns the program's verdict. */
 static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int connected)
 {
@@ -206,10 +220,10 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 	struct sl_svc_key k;
 	key_of(&vip, proto, &k);
 	struct sl_svc_val *svc = bpf_map_lookup_elem(&sl_svc, &k);
-	struct sl_pol_verdict pv;
+	struct sl_pol_verdict pv = {};
 	if (!svc) {
 		/* Not a service: the common case. */
-		if (pol_connect(ctx, ctx->sk, &vip, proto, !connected, &pv))
+		if (lb_pol_connect(ctx, &vip, proto, !connected, &pv))
 			return pol_refuse(ctx, &pv, &vip, proto);
 		return 1;
 	}
@@ -232,7 +246,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 		return 0;
 	}
 	/* Egress is judged against the backend chosen, as Kubernetes does. */
-	if (pol_connect(ctx, ctx->sk, &be, proto, !connected, &pv))
+	if (lb_pol_connect(ctx, &be, proto, !connected, &pv))
 		return pol_refuse(ctx, &pv, &be, proto);
 	if (v6)
 		to6(ctx, &be);
