@@ -332,7 +332,7 @@ func (p *pair) interruptedRead() (bool, string, error) {
 		done <- result{n, err}
 	}()
 	tid := <-tidCh
-	time.Sleep(probeSignalWait)
+	waitBlocked(tid, p.server, probeSignalWait)
 	// SIGURG: the Go runtime's own preemption signal, with a handler
 	// installed without SA_RESTART semantics mattering to a raw read.
 	if err := unix.Tgkill(os.Getpid(), tid, syscall.SIGURG); err != nil {
@@ -364,8 +364,12 @@ func (p *pair) epollWakeup() (bool, string, error) {
 		n   int
 		err error
 	}
+	tidCh := make(chan int, 1)
 	done := make(chan result, 1)
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tidCh <- unix.Gettid()
 		evs := make([]unix.EpollEvent, 1)
 		for {
 			n, err := unix.EpollWait(ep, evs, int(2*probeSignalWait/time.Millisecond)*5)
@@ -376,7 +380,7 @@ func (p *pair) epollWakeup() (bool, string, error) {
 			return
 		}
 	}()
-	time.Sleep(probeSignalWait / 4) // waiting by now
+	waitBlocked(<-tidCh, ep, probeSignalWait/4)
 	if _, err := unix.Write(p.client, []byte(probeMessage)); err != nil {
 		return false, "", err
 	}
