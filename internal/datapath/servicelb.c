@@ -236,10 +236,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int conn
 		return 1;
 	}
 	int have_prev = !connected && remembered(ctx->sk, &vip, &prev);
-	struct sl_lb_sock *st = 0;
-	if (proto == IPPROTO_UDP)
-		st = bpf_sk_storage_get(&sl_lb_sk, ctx->sk, 0, 0);
-	if (pick(ctx, &k, svc, &be, have_prev ? &prev : 0, st, &vip) < 0) {
+	if (pick(ctx, &k, svc, &be, have_prev ? &prev : 0, &vip) < 0) {
 		lb_event(ctx, SL_EV_LB_REFUSED, svc->id, &vip, 0, proto);
 		/* As kube-proxy's REJECT rule: connection refused, at once. */
 		bpf_set_retval(-SL_ECONNREFUSED);

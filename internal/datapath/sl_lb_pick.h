@@ -163,13 +163,56 @@ static __always_inline struct sl_backend *maglev_pick(void *ctx, const struct sl
 	return bpf_map_lookup_elem(&sl_svc_backends, &bk);
 }
 
+/* The slots pick tries in one bank: SL_LB_PICK_TRIES of the n from
+ * base, starting first slots in. */
+struct sl_slot_try {
+	__u32 id;
+	__u32 bank_bits; /* the bank, shifted into the slot number */
+	__u32 base;
+	__u32 n;
+	__u32 first;
+};
+
+/* The slot pick takes in one bank: the first tried whose backend does not
+ * already answer for another VIP of the socket (a UDP socket's
+ * translations, sl_nat_ambiguous), or the last tried if all do; -1 if a
+ * slot is gone (an apply published a new set). A global function: the
+ * verifier checks its loop once, not again in each of pick's bank retries
+ * and paths. The socket's storage is looked up here, since a global
+ * function takes no pointer that may be null. */
+__noinline int lb_try_slots(struct bpf_sock_addr *ctx, const struct sl_backend *vip, const struct sl_slot_try *tr)
+{
+	if (!ctx || !vip || !tr)
+		return -1;
+	__u32 n = tr->n;
+	if (!n)
+		return -1;
+	struct sl_lb_sock *st = 0;
+	struct bpf_sock *sk = ctx->sk;
+	if (sk && ctx->protocol == IPPROTO_UDP)
+		st = bpf_sk_storage_get(&sl_lb_sk, sk, 0, 0);
+	struct sl_backend_key bk = {.id = tr->id};
+	for (__u32 t = 0; t < SL_LB_PICK_TRIES; t++) {
+		bk.slot = tr->bank_bits | (tr->base + (tr->first + t) % n);
+		struct sl_backend *b = bpf_map_lookup_elem(&sl_svc_backends, &bk);
+		if (!b)
+			return -1;
+		if (!st || !sl_nat_ambiguous(st, vip, b))
+			return bk.slot;
+		if (t + 1 == SL_LB_PICK_TRIES || t + 1 == n) {
+			lb_count(SL_LB_PICK_AMBIGUOUS);
+			return bk.slot;
+		}
+	}
+	return -1;
+}
+
 /* Picks a backend of the frontend k (looked up as svc). Returns 1 and
  * fills be, or -1 if it has no usable backend. st, for a UDP socket, is its
  * translations: a backend that already answers for another of its VIPs is
  * avoided when another one can be had. */
-static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const struct sl_svc_val *svc,
-				struct sl_backend *be, const struct sl_backend *prefer,
-				const struct sl_lb_sock *st, const struct sl_backend *vip)
+static __always_inline int pick(struct bpf_sock_addr *ctx, const struct sl_svc_key *k, const struct sl_svc_val *svc,
+				struct sl_backend *be, const struct sl_backend *prefer, const struct sl_backend *vip)
 {
 	__u32 id = svc->id;
 
@@ -214,17 +257,12 @@ static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const str
 		if (n == 0)
 			break;
 		terminating = svc->ready == 0;
-		__u32 first = bpf_get_prandom_u32() % n;
-		struct sl_backend_key bk = {.id = id};
-		for (__u32 t = 0; t < SL_LB_PICK_TRIES; t++) {
-			bk.slot = ((__u32)svc->bank << SL_BANK_SHIFT) | (base + (first + t) % n);
+		struct sl_slot_try tr = {.id = id, .bank_bits = (__u32)svc->bank << SL_BANK_SHIFT, .base = base, .n = n,
+					 .first = bpf_get_prandom_u32() % n};
+		int slot = lb_try_slots(ctx, vip, &tr);
+		if (slot >= 0) {
+			struct sl_backend_key bk = {.id = id, .slot = slot};
 			b = bpf_map_lookup_elem(&sl_svc_backends, &bk);
-			if (!b || !st || !sl_nat_ambiguous(st, vip, b))
-				break;
-			if (t + 1 == SL_LB_PICK_TRIES || t + 1 == n) {
-				lb_count(SL_LB_PICK_AMBIGUOUS);
-				break;
-			}
 		}
 		if (b)
 			break;
@@ -249,6 +287,28 @@ static __always_inline int pick(void *ctx, const struct sl_svc_key *k, const str
 	return 1;
 }
 
+/* An entry's age for sl_nat_remember: when it was last used, or 0 if it
+ * is free (port 0). Computed without a branch: (port + 0xffff) >> 16 is
+ * 1 for any port but 0. */
+static __always_inline __u32 nat_age(const struct sl_nat *n)
+{
+	__u64 used = (__u64)n->vip.port + 0xffff;
+	used >>= 16;
+	/* Kept from being turned back into a branch. */
+	asm volatile("" : "+r"(used));
+	return n->used & (__u32)(0 - used);
+}
+
+/* min(a, b) without a branch: (a - b) >> 63 is 1 where a < b, as 64-bit
+ * numbers of 32-bit values. */
+static __always_inline __u32 min_u32(__u32 a, __u32 b)
+{
+	__u64 d = (__u64)a - (__u64)b;
+	__u64 lt = d >> 63;
+	asm volatile("" : "+r"(lt));
+	return b + (__u32)(d & (0 - lt));
+}
+
 /* Remembers vip -> be in st: the entry for the same vip, or else a free
  * one, or else the least recently used one, is replaced. Returns 1 if a
  * translation of another VIP was dropped. */
@@ -269,16 +329,15 @@ __noinline int sl_nat_remember(struct sl_lb_sock *st, const struct sl_backend *v
 			return 0;
 		}
 	}
-	/* Free entries (port 0) count as the oldest. */
+	/* Free entries (port 0) count as the oldest. The minimum is taken
+	 * without a branch (nat_age, min_u32): a branch per entry made the
+	 * verifier walk both ways of each, 9,000 of the 30,000 instructions
+	 * it processed for each program that calls this. */
 	__u32 oldest = 0xffffffff;
+	for (int i = 0; i < SL_LB_SOCK_NATS; i++)
+		oldest = min_u32(oldest, nat_age(&st->nat[i]));
 	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
-		__u32 age = st->nat[i].vip.port ? st->nat[i].used : 0;
-		if (age < oldest)
-			oldest = age;
-	}
-	for (int i = 0; i < SL_LB_SOCK_NATS; i++) {
-		__u32 age = st->nat[i].vip.port ? st->nat[i].used : 0;
-		if (age == oldest) {
+		if (nat_age(&st->nat[i]) == oldest) {
 			int evicted = st->nat[i].vip.port != 0;
 			st->nat[i].vip = *vip;
 			st->nat[i].be = *be;
