@@ -208,9 +208,9 @@ __noinline int lb_try_slots(struct bpf_sock_addr *ctx, const struct sl_backend *
 }
 
 /* Picks a backend of the frontend k (looked up as svc). Returns 1 and
- * fills be, or -1 if it has no usable backend. st, for a UDP socket, is its
- * translations: a backend that already answers for another of its VIPs is
- * avoided when another one can be had. */
+ * fills be, or -1 if it has no usable backend. For a UDP socket, a backend
+ * that already answers for another of its VIPs (its translations) is
+ * avoided when another one can be had (lb_try_slots). */
 static __always_inline int pick(struct bpf_sock_addr *ctx, const struct sl_svc_key *k, const struct sl_svc_val *svc,
 				struct sl_backend *be, const struct sl_backend *prefer, const struct sl_backend *vip)
 {
