@@ -99,7 +99,7 @@ func Open(cfg Config) (*Datapath, error) {
 		return nil, err
 	}
 	if cfg.Settings.BacklogValve.On() && !f.ValveFit() {
-		return nil, fmt.Errorf("--slow-readers valve: kernel %s is older than 6.13, the first to charge redirected bytes to their reader, and on 6.12 the valve let a writer redirect past its reader's SO_RCVBUF: use --slow-readers tcp", f.Kernel)
+		return nil, fmt.Errorf("--slow-readers valve: kernel %s is older than 6.13, the first kernel socklane's tests have run the valve on (6.12 is not yet; 6.1's sk_psock does not count queued bytes): use --slow-readers tcp", f.Kernel)
 	}
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating pin directory: %w", err)
