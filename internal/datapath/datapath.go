@@ -59,7 +59,7 @@ type Datapath struct {
 	lbm *lbMirror
 	// types holds the kernel's BTF, decoded once per open for the
 	// feature probe and the three collections' relocations (each
-	// decoding of its own took a tenth of a load).
+	// decoding of its own took a tenth of a load); nil once Open is done.
 	types *btf.Cache
 }
 
@@ -113,6 +113,9 @@ func Open(cfg Config) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Every collection is loaded: the decoded kernel types (tens of MB
+	// of Go memory) need not live as long as the agent.
+	d.types = nil
 	if d.counterNames, err = CounterNames(); err == nil {
 		d.lbCounterNames, err = LBCounterNames()
 	}
