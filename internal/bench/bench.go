@@ -114,7 +114,7 @@ type Options struct {
 	BypassSmallStreams bool
 	// SlowReadersTCP moves a direction whose reader falls behind to TCP
 	// for good instead of pushing its writer back through TCP (the valve,
-	// the default from Linux 6.13: see datapath.Settings).
+	// the default where the kernel runs it: see datapath.Settings).
 	SlowReadersTCP bool
 	// DefaultSettings loads the datapath as the agent does by default
 	// (blocking readers decided per process, as the kernel's bugs say)

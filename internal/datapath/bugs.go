@@ -22,6 +22,8 @@ func bugBit(name string) bypassSlKernelBug {
 		return bypassSlKernelBugSL_BUG_EPOLL_NO_WAKEUP
 	case sockbugs.FINLost:
 		return bypassSlKernelBugSL_BUG_FIN_LOST
+	case sockbugs.Uncharged:
+		return bypassSlKernelBugSL_BUG_REDIRECT_UNCHARGED
 	}
 	return 0
 }

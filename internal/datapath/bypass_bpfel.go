@@ -240,12 +240,13 @@ const (
 	bypassSlKernelBugSL_BUG_BLOCKING_READ_EAGAIN bypassSlKernelBug = 8
 	bypassSlKernelBugSL_BUG_EPOLL_NO_WAKEUP      bypassSlKernelBug = 16
 	bypassSlKernelBugSL_BUG_FIN_LOST             bypassSlKernelBug = 32
+	bypassSlKernelBugSL_BUG_REDIRECT_UNCHARGED   bypassSlKernelBug = 64
 )
 
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 37
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 38
 )
 
 type bypassSlListener struct {

@@ -98,8 +98,14 @@ func Open(cfg Config) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Settings.BacklogValve.On() && !f.ValveFit() {
-		return nil, fmt.Errorf("--slow-readers valve: kernel %s is older than 6.13, the first kernel socklane's tests have run the valve on (6.12 is not yet; 6.1's sk_psock does not count queued bytes): use --slow-readers tcp", f.Kernel)
+	if !Pinned(cfg.PinDir) {
+		// The sockmap bugs decide the settings left to the kernel and
+		// whether the valve can run: found first, in a network namespace
+		// of their own, recorded once loaded.
+		f.setBugs(sockbugs.Detect())
+		if why := f.ValveUnfit(); cfg.Settings.BacklogValve.On() && why != "" {
+			return nil, fmt.Errorf("--slow-readers valve: kernel %s cannot hold a writer at its reader's buffer: %s: use --slow-readers tcp", f.Kernel, why)
+		}
 	}
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating pin directory: %w", err)
@@ -154,9 +160,6 @@ func loadSpec(f *Features, want Settings) (*ebpf.CollectionSpec, Settings, error
 }
 
 func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
-	// The sockmap bugs decide the settings left to the kernel: found
-	// first, in a network namespace of their own, recorded once loaded.
-	f.setBugs(sockbugs.Detect())
 	spec, loaded, err := loadSpec(&f, cfg.Settings)
 	if err != nil {
 		return nil, err

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -74,32 +73,36 @@ func (f Features) Summary() string {
 		f.KptrUntrusted, f.HashKptr, f.PsockMsgTotLen, strings.Join(adapted, "; "), strings.Join(bugs, ", "))
 }
 
-// ValveFit reports whether the valve (--slow-readers valve) runs on this
-// kernel: from 6.13, where its tests run. On Debian's 6.12 a trace showed it
-// holding a paused reader's queue, and TestSlowReaderValve failed there
-// only through its mid-pause sample landing after the pause under
-// emulation (ARCHITECTURE, the valve's known limits); it stays refused
-// until the kernel matrix runs it.
-func (f Features) ValveFit() bool { return kernelAtLeast(f.Kernel, 6, 13) }
-
-// kernelAtLeast reports whether a kernel release ("6.12.117+deb12-cloud-
-// amd64") is major.minor or later; one it cannot read is not.
-func kernelAtLeast(release string, major, minor int) bool {
-	parts := strings.SplitN(release, ".", 3)
-	if len(parts) < 2 {
-		return false
+// ValveUnfit says why the valve (--slow-readers valve) cannot run on this
+// kernel, or "" where it can. The valve reads a reader's queue (sk_psock's
+// msg_tot_len) and holds its writer on TCP, whose window follows the
+// reader's memory: that paces the writer only where the kernel charges
+// redirected bytes to their reader (found by behaviour: redirect_uncharged
+// absent). A kernel whose sockmap could not be probed is not trusted.
+func (f Features) ValveUnfit() string {
+	switch {
+	case !f.PsockMsgTotLen:
+		return "its sk_psock does not count the bytes queued for a reader (no msg_tot_len)"
+	case f.BugsError != "":
+		return "its sockmap could not be probed (" + f.BugsError + ")"
+	case f.Has(sockbugs.Uncharged):
+		return "it does not charge redirected bytes to their reader's memory, so TCP's window cannot pace the writer (redirect_uncharged; fixed by " + sockbugs.Describe(sockbugs.Uncharged).Fix + ")"
 	}
-	digits := func(s string) string { return s[:len(s)-len(strings.TrimLeft(s, "0123456789"))] }
-	ma, err1 := strconv.Atoi(parts[0])
-	mi, err2 := strconv.Atoi(digits(parts[1]))
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	return ma > major || ma == major && mi >= minor
+	return ""
 }
 
-// ProbeFeatures probes the running kernel.
-func ProbeFeatures() (Features, error) { return probeFeatures(btf.NewCache()) }
+// ValveFit reports whether the valve can run on this kernel (ValveUnfit).
+func (f Features) ValveFit() bool { return f.ValveUnfit() == "" }
+
+// ProbeFeatures probes the running kernel and its sockmap bugs, as a
+// datapath being created does.
+func ProbeFeatures() (Features, error) {
+	f, err := probeFeatures(btf.NewCache())
+	if err == nil {
+		f.setBugs(sockbugs.Detect())
+	}
+	return f, err
+}
 
 // probeFeatures probes the running kernel, reading its types from types
 // (decoded once for the probe and every collection loaded after it).

@@ -1,10 +1,12 @@
 package datapath
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"github.com/socklane/socklane/internal/sockbugs"
 	"github.com/socklane/socklane/internal/testutil"
 )
 
@@ -57,23 +59,24 @@ func TestProbeFeatures(t *testing.T) {
 	}
 }
 
-func TestKernelAtLeast(t *testing.T) {
+// TestValveUnfit: the valve runs only where sk_psock counts queued bytes,
+// the kernel's sockmap was probed and redirected bytes are charged to
+// their reader; each refusal names its reason.
+func TestValveUnfit(t *testing.T) {
+	charged := Features{PsockMsgTotLen: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.BlockingEAGAIN)}}
 	for _, tt := range []struct {
-		release string
-		want    bool
+		f    Features
+		want string // in the reason; "" for fit
 	}{
-		{"6.18.0-1-cloud-amd64", true},
-		{"6.13.0", true},
-		{"7.0.1", true},
-		{"6.12.117+deb12-cloud-amd64", false},
-		{"6.1.0-56-cloud-amd64", false},
-		{"5.10.0-32-cloud-amd64", false},
-		{"6.13-rc1", true},
-		{"", false},
-		{"six.thirteen", false},
+		{charged, ""},
+		{Features{PsockMsgTotLen: true}, ""},
+		{Features{}, "msg_tot_len"},
+		{Features{PsockMsgTotLen: true, BugsError: "making a private network namespace: EPERM"}, "could not be probed (making a private"},
+		{Features{PsockMsgTotLen: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.Uncharged)}}, "redirect_uncharged; fixed by d888b7af7c14"},
 	} {
-		if got := kernelAtLeast(tt.release, 6, 13); got != tt.want {
-			t.Errorf("kernelAtLeast(%q, 6, 13) = %v, want %v", tt.release, got, tt.want)
+		got := tt.f.ValveUnfit()
+		if tt.want == "" && got != "" || tt.want != "" && !strings.Contains(got, tt.want) || tt.f.ValveFit() != (got == "") {
+			t.Errorf("ValveUnfit(%+v) = %q (fit %v), want %q", tt.f, got, tt.f.ValveFit(), tt.want)
 		}
 	}
 }

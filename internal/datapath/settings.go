@@ -64,8 +64,8 @@ const (
 
 // DefaultSettings are what a load asks for when nothing is given: the
 // bypass and blocking readers left to the kernel's bugs, slow readers
-// pushed back through TCP by the valve where the kernel runs it (6.13 on)
-// and moved to TCP by the backlog rule before, the backlog limit to
+// pushed back through TCP by the valve where the kernel runs it
+// (Features.ValveFit) and moved to TCP by the backlog rule elsewhere, the backlog limit to
 // net.ipv4.tcp_rmem, the default verdict window and owner quotas, brief
 // connections learnt and left on TCP.
 func DefaultSettings() Settings {
@@ -178,7 +178,7 @@ func settingTable() []setting {
 		{name: "small-streams", mode: func(s *Settings) *Mode { return &s.BypassSmallStreams }, words: map[Mode]string{ModeOn: "bypass", ModeOff: "tcp"},
 			usage: "a bypassed direction streaming sends under 128 bytes one way, fast (4 verdict windows of up to 64 sends used up with nothing sent back, each at sends about 8 us apart or closer): tcp (moved to TCP, which coalesces the writes, unless the writer set TCP_NODELAY; request/response traffic and slower streams keep the bypass) or bypass"},
 		{name: "slow-readers", mode: func(s *Settings) *Mode { return &s.BacklogValve }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "valve", ModeOff: "tcp"},
-			usage: "a bypassed direction whose reader falls behind: valve (its writer's sends pass to TCP, whose window paces it, while the reader's queue is near its SO_RCVBUF, less the window its TCP offered (half of it while TCP may still raise the buffer that much), and are redirected again once it caught up; an sk_skb verdict on the map puts TCP's bytes in the same queue, and bypassed sockets get a 16 KiB TCP_NOTSENT_LOWAT where their application set none; Linux 6.13 or later; docs/ARCHITECTURE.md, known limits), tcp (moved to TCP for good by the backlog rule, --backlog-limit), or auto (valve from Linux 6.13, tcp before)"},
+			usage: "a bypassed direction whose reader falls behind: valve (its writer's sends pass to TCP, whose window paces it, while the reader's queue is near its SO_RCVBUF, less the window its TCP offered (half of it while TCP may still raise the buffer that much), and are redirected again once it caught up; an sk_skb verdict on the map puts TCP's bytes in the same queue, and bypassed sockets get a 16 KiB TCP_NOTSENT_LOWAT where their application set none; only where the kernel charges redirected bytes to their reader (6.13, and stable kernels with that fix: socklane status lists redirect_uncharged otherwise); docs/ARCHITECTURE.md, known limits), tcp (moved to TCP for good by the backlog rule, --backlog-limit), or auto (valve where the kernel runs it, tcp elsewhere)"},
 		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
 			usage: "sockets whose connects to service addresses are balanced at connect(): all (every managed socket, but pods opted out) or host (the host's network namespace only: pods' service traffic is left to kube-proxy, as a service mesh's sidecars need)"},
 		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,

@@ -35,7 +35,7 @@ func TestSettingsReadBack(t *testing.T) {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
 			if want.BacklogValve.On() && !valveFit {
-				// Refused by name on a kernel before 6.13, nothing pinned.
+				// Refused by name where the kernel cannot run it, nothing pinned.
 				if _, err := Open(Config{PinDir: dir, Settings: want}); err == nil || !strings.Contains(err.Error(), "--slow-readers valve: kernel") {
 					t.Fatalf("the valve on kernel %s: %v, want refused", f.Kernel, err)
 				}
@@ -102,24 +102,25 @@ func TestResolve(t *testing.T) {
 	if got := (Settings{BacklogLimit: 5}).Resolve(fit).BacklogLimit; got != 5 {
 		t.Errorf("backlog limit 5 read as %d", got)
 	}
-	// Slow readers left to the datapath: the valve from 6.13 where
-	// sk_psock counts queued bytes, the one-way move elsewhere.
+	// Slow readers left to the datapath: the valve where sk_psock counts
+	// queued bytes and the kernel charges redirected ones to their reader,
+	// the one-way move elsewhere.
+	uncharged := Features{PsockMsgTotLen: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.Uncharged)}}
 	for _, tt := range []struct {
 		s    Settings
 		f    Features
 		want Mode
 	}{
-		{Settings{}, Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOn},
-		{Settings{}, Features{Kernel: "6.13.0-rc1", PsockMsgTotLen: true}, ModeOn},
-		{Settings{}, Features{Kernel: "6.12.117+deb12-cloud-amd64", PsockMsgTotLen: true}, ModeOff},
-		{Settings{}, Features{Kernel: "6.1.158-1", PsockMsgTotLen: true}, ModeOff},
+		{Settings{}, fit, ModeOn},
+		{Settings{}, Features{Kernel: "6.12.117+deb12-cloud-amd64", PsockMsgTotLen: true}, ModeOn},
+		{Settings{}, uncharged, ModeOff},
 		{Settings{}, Features{Kernel: "6.18.44"}, ModeOff},
-		{Settings{}, Features{Kernel: "unreadable", PsockMsgTotLen: true}, ModeOff},
-		{Settings{BacklogValve: ModeOff}, Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOff},
+		{Settings{}, Features{PsockMsgTotLen: true, BugsError: "no namespace"}, ModeOff},
+		{Settings{BacklogValve: ModeOff}, fit, ModeOff},
 		{Settings{BacklogValve: ModeOn}, fit, ModeOn},
 		// The default: the valve where the kernel runs it.
-		{DefaultSettings(), Features{Kernel: "6.18.44", PsockMsgTotLen: true}, ModeOn},
-		{DefaultSettings(), Features{Kernel: "6.12.117+deb12-cloud-amd64", PsockMsgTotLen: true}, ModeOff},
+		{DefaultSettings(), fit, ModeOn},
+		{DefaultSettings(), uncharged, ModeOff},
 	} {
 		if got := tt.s.Resolve(tt.f).BacklogValve; got != tt.want {
 			t.Errorf("slow readers %v on %+v resolved to %v, want %v", tt.s.BacklogValve, tt.f, got, tt.want)

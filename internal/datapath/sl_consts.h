@@ -71,7 +71,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 37,
+	SL_LAYOUT_VERSION = 38,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -83,6 +83,7 @@ enum sl_kernel_bug {
 	SL_BUG_BLOCKING_READ_EAGAIN = 1 << 3,
 	SL_BUG_EPOLL_NO_WAKEUP = 1 << 4,
 	SL_BUG_FIN_LOST = 1 << 5,
+	SL_BUG_REDIRECT_UNCHARGED = 1 << 6,
 };
 
 /* Connection state, packed with generation and membership in one 64-bit word

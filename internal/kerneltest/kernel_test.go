@@ -316,7 +316,8 @@ func TestBypassIntegrity(t *testing.T) {
 	n.client("127.0.0.1:7700", conns, size)
 	d := delta(before, n.counters())
 	t.Logf("%v", d)
-	// Redirected, or passed to TCP by the valve (the default from 6.13)
+	// Redirected, or passed to TCP by the valve (the default where the
+	// kernel charges redirected bytes to their reader)
 	// while a reader caught up.
 	if d["conns_bypassed"] < conns || d["redirect_bytes"]+d["valve_bytes"] < conns*size {
 		t.Errorf("bypassed %d connections, %d bytes redirected and %d passed by the valve; want %d and >= %d in all", d["conns_bypassed"], d["redirect_bytes"], d["valve_bytes"], conns, conns*size)
@@ -380,7 +381,7 @@ func TestSendWindows(t *testing.T) {
 					d["redirect_msgs"], d["redirect_windows"], sends, tc.write)
 			}
 			// Every byte counted once: redirected, or passed to TCP while
-			// the valve (the default from 6.13) held a writer ahead of its
+			// the valve (the default where the kernel runs it) held a writer ahead of its
 			// reader.
 			if d["redirect_bytes"]+d["valve_bytes"] != 2*size || d["pass_bytes"] != d["valve_bytes"] || d["valve_opens"] == 0 && d["valve_bytes"] != 0 {
 				t.Errorf("counted %d bytes redirected and %d through TCP, %d of them by the valve (opened %d times), want exactly %d in all, none through TCP but the valve's",

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -53,6 +54,7 @@ const (
 	BlockingEAGAIN  = "blocking_read_eagain"
 	EpollWakeup     = "epoll_no_wakeup"
 	FINLost         = "fin_lost"
+	Uncharged       = "redirect_uncharged"
 	probeMessage    = "socklane-probe"
 	probeSignalWait = 200 * time.Millisecond
 )
@@ -76,6 +78,9 @@ func Describe(name string) Bug {
 	case FINLost:
 		b.Effect = "a FIN that follows redirected bytes is not seen: the reader waits instead of reading end of file"
 		b.Fix = "901546fd8f9c (bpf, sockmap: handle FIN, 6.4)"
+	case Uncharged:
+		b.Effect = "bytes redirected into a socket are not charged to its receive memory (sk_rmem_alloc): TCP's window does not shrink for them, so the valve (--slow-readers valve) cannot hold a writer at its reader's buffer"
+		b.Fix = "d888b7af7c14 (tcp_bpf: charge receive socket buffer in bpf_tcp_ingress(), 6.13, and stable series)"
 	case BlockingEAGAIN:
 		b.Effect = "a blocking read on a bypassed socket interrupted by a signal returns EAGAIN, which plain TCP never does (Go's runtime signals its threads): socklane keeps blocking sockets on TCP"
 		b.Fix = "none merged"
@@ -85,7 +90,7 @@ func Describe(name string) Bug {
 
 // Names lists every bug probed, in report order.
 func Names() []string {
-	return []string{FIONREAD, Peek, Splice, BlockingEAGAIN, EpollWakeup, FINLost}
+	return []string{FIONREAD, Peek, Splice, BlockingEAGAIN, EpollWakeup, FINLost, Uncharged}
 }
 
 // Detect runs every probe in a private network namespace, on a thread of
@@ -176,6 +181,13 @@ func detect(redirect bool) (Report, error) {
 				return false, "", err
 			}
 			return p.interruptedRead()
+		}},
+		{Uncharged, func(p *pair) (bool, string, error) {
+			rmem, err := rmemAlloc(p.server)
+			if err != nil {
+				return false, "", err
+			}
+			return rmem < uint32(len(probeMessage)), fmt.Sprintf("the receiver's sk_rmem_alloc is %d with %d bytes redirected and not read", rmem, len(probeMessage)), nil
 		}},
 	}
 	for _, pr := range probes {
@@ -386,6 +398,18 @@ func (p *pair) epollWakeup() (bool, string, error) {
 	}
 	r := <-done
 	return r.n != 1 || r.err != nil, fmt.Sprintf("epoll_wait returned %d (err %v) for bytes redirected while it waited", r.n, r.err), nil
+}
+
+// rmemAlloc is fd's receive memory (SO_MEMINFO's sk_rmem_alloc).
+func rmemAlloc(fd int) (uint32, error) {
+	var info [unix.SK_MEMINFO_VARS]uint32
+	size := uint32(unsafe.Sizeof(info))
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_MEMINFO,
+		uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&size)), 0)
+	if errno != 0 {
+		return 0, fmt.Errorf("reading SO_MEMINFO: %w", errno)
+	}
+	return info[unix.SK_MEMINFO_RMEM_ALLOC], nil
 }
 
 func (p *pair) close() {

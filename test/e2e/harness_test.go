@@ -224,8 +224,8 @@ func mustAtLeast(t *testing.T, d map[string]uint64, name string, min uint64) {
 
 // mustCarry checks that bypassed connections carried at least min bytes:
 // redirected, or passed to TCP by the open valve while their reader
-// caught up (the connection stays bypassed; the valve is the default from
-// Linux 6.13). With bytes through the valve, it also checks that the
+// caught up (the connection stays bypassed; the valve is the default where
+// the kernel runs it). With bytes through the valve, it also checks that the
 // valve opened.
 func mustCarry(t *testing.T, d map[string]uint64, min uint64) {
 	t.Helper()

@@ -7,13 +7,14 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/node"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // TestSlowReaderValve: with --slow-readers valve a writer whose reader
@@ -51,7 +52,7 @@ func TestSlowReaderValve(t *testing.T) {
 				p := testutil.Pod(t, b, "server")
 				out, err := in.Run("attach", "--cgroup", p.Cgroup, "--slow-readers", "valve")
 				if err == nil || !strings.Contains(out, "--slow-readers valve: kernel") || !strings.Contains(out, "use --slow-readers tcp") {
-					t.Fatalf("attach --slow-readers valve on a kernel before 6.13: %v\n%s", err, out)
+					t.Fatalf("attach --slow-readers valve on a kernel that cannot run it: %v\n%s", err, out)
 				}
 				t.Skipf("the valve is refused on this kernel, as it should be: %s", strings.TrimSpace(out))
 			}
@@ -62,17 +63,28 @@ func TestSlowReaderValve(t *testing.T) {
 			}
 			msg, count := tc.msg, 16<<20/tc.msg
 			listen := "0.0.0.0:7500"
-			start(t, srv, in.Bin, "peer", "sink", listen, "--delay", "1500ms")
+			const pause = 3 * time.Second
+			start(t, srv, in.Bin, "peer", "sink", listen, "--delay", pause.String())
 			waitPort(t, srv, listen)
 			drops := tcpDrops(t, srv)
-			before := in.Counters()
+			// The mid-pause counters are read in this process from the
+			// pinned maps: a `socklane status` process loads the datapath
+			// first, which under emulation outlasts the pause.
+			counters := pinnedCounters(t, in)
+			before := counters()
+			streamStart := time.Now()
 			st := start(t, cli, in.Bin, "peer", "stream", netip.AddrPortFrom(srv.IPv4, 7500).String(),
 				"--size", fmt.Sprint(msg), "--count", fmt.Sprint(count), "--interval", "0s")
 
 			// Mid-pause: the writer is held at the reader's buffer.
 			time.Sleep(700 * time.Millisecond)
+			mid := testutil.Delta(before, counters())
 			rmem, rcvbuf := receiverMemory(t, srv, 7500)
-			mid := testutil.Delta(before, in.Counters())
+			// The sink accepted after the stream started, so a sample
+			// done within the pause of the stream's start is in it.
+			if took := time.Since(streamStart); took >= pause {
+				t.Fatalf("the mid-pause sample ended %v after the stream started, past the sink's %v pause: it says nothing of the pause", took, pause)
+			}
 			t.Logf("mid-pause: %d bytes redirected, %d passed to TCP; receiver rmem %d of SO_RCVBUF %d", mid["redirect_bytes"], mid["pass_bytes"], rmem, rcvbuf)
 			switch {
 			case tc.valve && mid["redirect_bytes"] > backlogLimit/2+maxVerdict:
@@ -94,7 +106,7 @@ func TestSlowReaderValve(t *testing.T) {
 			if err := st.wait(t, 2*time.Minute); err != nil {
 				t.Fatalf("stream: %v: %s", err, st.err.String())
 			}
-			d := testutil.Delta(before, in.Counters())
+			d := testutil.Delta(before, counters())
 			dropped := tcpDrops(t, srv).sub(drops)
 			t.Logf("stream: %d bytes redirected, %d passed; valve opened %d times, closed %d; receiver's TCP dropped %+v", d["redirect_bytes"], d["pass_bytes"], d["valve_opens"], d["valve_closes"], dropped)
 			if !tc.valve {
@@ -144,7 +156,7 @@ func TestValveKeepsUp(t *testing.T) {
 	testutil.RequireCommand(t, "iperf3")
 	testutil.RequireCommand(t, "taskset")
 	if !valveKernel(t) {
-		t.Skip("the valve is refused before Linux 6.13 (TestSlowReaderValve checks the refusal)")
+		t.Skip("this kernel cannot run the valve (TestSlowReaderValve checks the refusal)")
 	}
 	for _, tc := range []struct {
 		name    string
@@ -205,21 +217,46 @@ const maxProbes = 4
 // 32 KiB each.
 const maxVerdict = 17 * 32 << 10
 
-// valveKernel reports whether this kernel is one the valve runs on (6.13
-// and later, datapath.Features.ValveFit).
+// pinnedCounters opens in's running datapath in this process (closed
+// when the test ends) and returns a reader of its counters: a map lookup,
+// where in.Counters() runs a process that loads the datapath.
+func pinnedCounters(t *testing.T, in *testutil.Instance) func() map[string]uint64 {
+	t.Helper()
+	dp, err := node.OpenRunning("/sys/fs/bpf", in.Name)
+	if err != nil {
+		t.Fatalf("opening the running datapath: %v", err)
+	}
+	t.Cleanup(func() { _ = dp.Close() })
+	return func() map[string]uint64 {
+		t.Helper()
+		c, err := dp.Counters()
+		if err != nil {
+			t.Fatalf("reading the datapath's counters: %v", err)
+		}
+		return c.Map()
+	}
+}
+
+// valveKernel reports whether this kernel runs the valve
+// (datapath.Features.ValveFit: sk_psock counts queued bytes and the
+// kernel charges redirected bytes to their reader), probed once.
 func valveKernel(t *testing.T) bool {
 	t.Helper()
-	var uts unix.Utsname
-	if err := unix.Uname(&uts); err != nil {
-		t.Fatal(err)
+	f, err := probedFeatures()
+	if err != nil {
+		t.Fatalf("probing the kernel: %v", err)
 	}
-	return datapath.Features{Kernel: unix.ByteSliceToString(uts.Release[:])}.ValveFit()
+	return f.ValveFit()
 }
+
+// probedFeatures probes the kernel once for the whole test binary.
+var probedFeatures = sync.OnceValues(datapath.ProbeFeatures)
 
 var skmemRE = regexp.MustCompile(`skmem:\(r(\d+),rb(\d+),`)
 
 // receiverMemory is what the established socket on port in p holds
-// (sk_rmem_alloc: its TCP queue and, from 6.13, what was redirected to it)
+// (sk_rmem_alloc: its TCP queue and, where the kernel charges them
+// (redirect_uncharged absent), the bytes redirected to it)
 // and its SO_RCVBUF, from ss.
 func receiverMemory(t *testing.T, p *testbed.Pod, port int) (rmem, rcvbuf uint64) {
 	t.Helper()
