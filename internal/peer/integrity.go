@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -104,12 +105,28 @@ func randLen(rng *rand.Rand, avg int64) uint64 {
 	return uint64(avg/2 + rng.Int64N(avg+1))
 }
 
+// slowFloodPause is how long a flood to a slow receiver stops halfway.
+const slowFloodPause = 300 * time.Millisecond
+
 // send writes h's payload in messages of random sizes.
 func send(s sock, h header, rng *rand.Rand) (uint64, error) {
 	p := newPayload(h.Seed)
 	buf := make([]byte, h.MaxMsg)
 	var sent uint64
+	// A flood to a slow receiver pauses once, halfway, as bursty writers
+	// do: its reader then catches up with everything sent, so a writer
+	// pushed back through TCP (the valve) returns to the bypass and its
+	// next bytes are redirected behind TCP's. A flood that never pauses
+	// keeps TCP's send queue full and the valve open to its end.
+	pauseAt := uint64(math.MaxUint64)
+	if h.Mode == ModeSlowReceiver {
+		pauseAt = h.Length / 2
+	}
 	for sent < h.Length {
+		if sent >= pauseAt {
+			time.Sleep(slowFloodPause)
+			pauseAt = math.MaxUint64
+		}
 		n := uint64(1 + rng.IntN(int(h.MaxMsg)))
 		if n > h.Length-sent {
 			n = h.Length - sent

@@ -70,12 +70,13 @@ func TestMessageBudget(t *testing.T) {
 			start(t, srv, in.Bin, "peer", "sink", listen, "--delay", "8s")
 			waitPort(t, srv, listen)
 			slab := unreclaimableSlab(t)
-			before := in.Counters()
+			counters := pinnedCounters(t, in)
+			before := counters()
 			st := start(t, cli, in.Bin, "peer", "stream", netip.AddrPortFrom(srv.IPv4, port).String(),
 				"--size", "1", "--count", fmt.Sprint(writes), "--nodelay", "1", "--large", fmt.Sprint(tc.large))
 			// The writer stops once held back (the sink reads only
 			// after 8 s).
-			d := heldBack(in, before, 5)
+			d := heldBack(counters, before, 5)
 			grew := int64(unreclaimableSlab(t)) - int64(slab)
 			t.Logf("held back: unreclaimable slab %+d KiB; %v", grew>>10, nonzero(d))
 			if grew > slack {
@@ -108,12 +109,15 @@ func TestMessageBudget(t *testing.T) {
 // heldBack waits until writers held back stop moving the counters (bytes
 // redirected and passed), for at least settle tenths of a second and at
 // most five seconds more, and returns the counters' deltas since before.
-func heldBack(in *testutil.Instance, before map[string]uint64, settle int) map[string]uint64 {
+// The counters are read in the test's process (pinnedCounters): a
+// `socklane status` process, seconds under emulation, would let the
+// wait outlast the sink's pause.
+func heldBack(counters func() map[string]uint64, before map[string]uint64, settle int) map[string]uint64 {
 	var d map[string]uint64
 	var sent uint64
 	for i := 0; i < settle+50; i++ {
 		time.Sleep(100 * time.Millisecond)
-		d = testutil.Delta(before, in.Counters())
+		d = testutil.Delta(before, counters())
 		n := d["redirect_bytes"] + d["pass_bytes"]
 		if i >= settle && n == sent {
 			break
@@ -185,13 +189,14 @@ func TestMessageQuota(t *testing.T) {
 			start(t, srv, in.Bin, "peer", "sink", sinkAt, "--delay", "15s")
 			waitPort(t, srv, sinkAt)
 			slab, tcpMem := unreclaimableSlab(t), tcpMemory(t)
-			before := in.Counters()
+			counters := pinnedCounters(t, in)
+			before := counters()
 			var streams []*proc
 			for range conns {
 				streams = append(streams, start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, port),
 					"--size", "1", "--count", fmt.Sprint(writes), "--nodelay", "1"))
 			}
-			d := heldBack(in, before, 10)
+			d := heldBack(counters, before, 10)
 			grew, tcpGrew := int64(unreclaimableSlab(t))-int64(slab), int64(tcpMemory(t))-int64(tcpMem)
 			t.Logf("held back: unreclaimable slab %+d KiB, TCP's memory %+d KiB; %v", grew>>10, tcpGrew>>10, nonzero(d))
 			// What the valve passes reaches the reader through its
