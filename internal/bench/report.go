@@ -77,7 +77,7 @@ func (r *Report) Markdown(w io.Writer) {
 	if r.Settings.BacklogValve.On() {
 		fmt.Fprintln(w, "Writers ahead of their readers were pushed back through TCP while the readers caught up (the valve, the default where the kernel charges redirected bytes to their reader; --slow-readers-tcp moves such a direction to TCP instead).")
 	} else {
-		fmt.Fprintln(w, "A direction whose reader fell behind left the bypass for good (the backlog rule: --slow-readers-tcp, or a kernel that cannot run the valve).")
+		fmt.Fprintln(w, "A direction whose reader fell behind left the bypass for good (the backlog rule: --slow-readers-tcp, or a kernel where the pushback through TCP cannot run).")
 	}
 	if !r.BPFStats {
 		fmt.Fprintln(w, "BPF run-time statistics were off (--bpf-stats=false): no per-program cost is reported.")

@@ -97,6 +97,9 @@ func (f Features) Decided(s Settings) []string {
 	if !s.Bypass.On() && !f.PsockMsgTotLen {
 		out = append(out, "bypass off: this kernel's sk_psock does not count queued bytes, so a slower reader gets no backpressure (its sender's writes fail with ENOMEM once TCP memory is under pressure); --bypass on bypasses anyway")
 	}
+	if why := f.ValveUnfit(); !s.BacklogValve.On() && why != "" && f.PsockMsgTotLen {
+		out = append(out, "a direction whose reader falls behind moves to TCP for good (the backlog rule): the valve, which would push its writer back through TCP instead, cannot run on this kernel: "+why)
+	}
 	switch {
 	case s.BypassBlocking == ModeProcess && f.Has(sockbugs.BlockingEAGAIN):
 		out = append(out, "connections with a blocking reader whose process handles a signal that can interrupt its read stay on TCP: this kernel answers such a read with EAGAIN (blocking_read_eagain); other blocking readers are bypassed; --blocking-sockets bypass bypasses them all, tcp none")

@@ -78,5 +78,11 @@ func TestValveUnfit(t *testing.T) {
 		if tt.want == "" && got != "" || tt.want != "" && !strings.Contains(got, tt.want) || tt.f.ValveFit() != (got == "") {
 			t.Errorf("ValveUnfit(%+v) = %q (fit %v), want %q", tt.f, got, tt.f.ValveFit(), tt.want)
 		}
+		// status names the reason where the backlog rule stands in for
+		// it (where msg_tot_len is missing, Adapted says so).
+		decided := strings.Join(tt.f.Decided(DefaultSettings().Resolve(tt.f)), "\n")
+		if named := strings.Contains(decided, "the valve, which would push"); named != (got != "" && tt.f.PsockMsgTotLen) || named && !strings.Contains(decided, got) {
+			t.Errorf("Decided on %+v: %q, want the valve's reason %q named only where msg_tot_len is there", tt.f, decided, got)
+		}
 	}
 }

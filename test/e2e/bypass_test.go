@@ -20,98 +20,117 @@ import (
 // every scenario and checks each byte (SHA-256 against what was sent) and
 // the kernel counters. The I/O is epoll-driven; see TestBlockingIO for
 // blocking sockets. The slow receivers push their senders back onto TCP
-// mid-stream: past the backlog limit, which is low, or through the valve
-// where it is loaded (-integrity.slow-readers valve).
+// mid-stream: through the valve where the datapath loads it (the default
+// where the kernel runs it), else past the backlog limit, which is low.
+// The scenarios share one test bed and one datapath (each on a port of
+// its own); a last one loads the other slow-reader rule where the kernel
+// runs both, so the valve and the backlog rule are each proved.
 func TestBypassIntegrity(t *testing.T) {
-	podsV4 := func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
-		s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-		return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	flags := []string{"--backlog-limit", strconv.Itoa(*integrityBacklog), "--verdict-window", strconv.Itoa(*integrityWindow)}
+	in.Settings = append(in.Settings, flags...)
+	if *integrityReaders != "" {
+		in.Settings = append(in.Settings, "--slow-readers", *integrityReaders)
+	}
+	srv, cli, host := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client"), testutil.HostPod(t, b, "host")
+	in.Attach(srv, cli, host)
+	valve := readStatus(t, in).Settings.BacklogValve.On()
+	v4 := func(port int) (*testbed.Pod, string, string) {
+		return cli, fmt.Sprintf("0.0.0.0:%d", port), netip.AddrPortFrom(srv.IPv4, uint16(port)).String()
 	}
 	tests := []struct {
 		name  string
-		setup func(t *testing.T, b *testbed.Bed) (srv, cli *testbed.Pod, listen, target string)
+		setup func(port int) (client *testbed.Pod, listen, target string)
 		extra []string
-		// valve: the datapath loads the valve (where the kernel runs
-		// it; the case is skipped elsewhere).
-		valve bool
 	}{
-		{"pod to pod IPv4", podsV4, nil, false},
-		{"pod to pod IPv6", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
-			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-			return s, c, "[::]:9000", netip.AddrPortFrom(s.IPv6, 9000).String()
-		}, nil, false},
-		{"dual-stack server, IPv4 client", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
-			s, c := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-			return s, c, "[::]:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, nil, false},
-		{"host to pod", func(t *testing.T, b *testbed.Bed) (*testbed.Pod, *testbed.Pod, string, string) {
-			s, c := testutil.Pod(t, b, "server"), testutil.HostPod(t, b, "host")
-			return s, c, "0.0.0.0:9000", netip.AddrPortFrom(s.IPv4, 9000).String()
-		}, nil, false},
+		{"pod to pod IPv4", v4, nil},
+		{"pod to pod IPv6", func(port int) (*testbed.Pod, string, string) {
+			return cli, fmt.Sprintf("[::]:%d", port), netip.AddrPortFrom(srv.IPv6, uint16(port)).String()
+		}, nil},
+		{"dual-stack server, IPv4 client", func(port int) (*testbed.Pod, string, string) {
+			return cli, fmt.Sprintf("[::]:%d", port), netip.AddrPortFrom(srv.IPv4, uint16(port)).String()
+		}, nil},
+		{"host to pod", func(port int) (*testbed.Pod, string, string) {
+			_, listen, target := v4(port)
+			return host, listen, target
+		}, nil},
 		// Every write below the verdict window: most bytes move under a
 		// verdict that covered earlier sends, across fallbacks and resets.
-		{"small writes under verdict windows", podsV4, []string{"--max-msg", "2048"}, false},
-		// Slow receivers' writers pushed back through TCP, and connections
-		// whose first write opens the valve before their server accepted.
-		{"pod to pod IPv4 through the valve", podsV4, nil, true},
+		{"small writes under verdict windows", v4, []string{"--max-msg", "2048"}},
 	}
-	for _, tt := range tests {
+	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := testutil.Bed(t)
-			in := testutil.NewInstance(t)
-			in.Settings = append(in.Settings, "--backlog-limit", strconv.Itoa(*integrityBacklog), "--verdict-window", strconv.Itoa(*integrityWindow))
-			switch {
-			case tt.valve && !valveKernel(t):
-				t.Skip("this kernel cannot run the valve (TestSlowReaderValve checks its refusal)")
-			case tt.valve:
-				in.Settings = append(in.Settings, "--slow-readers", "valve")
-			case *integrityReaders != "":
-				in.Settings = append(in.Settings, "--slow-readers", *integrityReaders)
-			}
-			srv, cli, listen, target := tt.setup(t, b)
-			in.Attach(srv, cli)
-			before := in.Counters()
-			const slow = 4 << 20
-			sum := integrity(t, in, srv, cli, listen, target, *integrityConns, append([]string{"--io", "epoll", "--slow-bytes", strconv.Itoa(slow)}, tt.extra...)...)
-			d := testutil.Delta(before, in.Counters())
-			t.Logf("%d connections, %d bytes sent by the clients, %d redirected, %d through TCP", *integrityConns, sum.Sent, d["redirect_bytes"], d["pass_bytes"])
-			n := uint64(*integrityConns)
-			mustAtLeast(t, d, "established_active", n)
-			mustAtLeast(t, d, "established_passive", n)
-			// A client may send before its server is accepted; that
-			// connection stays on TCP. Most must be bypassed.
-			mustAtLeast(t, d, "conns_bypassed", n*3/4)
-			// Everything but the slow receivers' floods (which move to
-			// TCP past the limit) goes socket to socket, mostly.
-			var slowStreams uint64
-			for i := range *integrityConns {
-				if peer.Mode(i%int(peer.NumModes)) == peer.ModeSlowReceiver {
-					slowStreams++
-				}
-			}
-			mustAtLeast(t, d, "redirect_bytes", (sum.Sent-slowStreams*slow)/2)
-			if *integrityWindow > 0 {
-				mustAtLeast(t, d, "redirect_windows", 1)
-			}
-			mustEqual(t, d, "err_sockhash", 0)
-			mustEqual(t, d, "err_conn_table_full", 0)
-			// Slow receivers' writers were pushed back through TCP by
-			// the valve (where asked for), or went over the 1 MiB
-			// limit and moved to TCP, and their bytes kept order across
-			// the switches (where the kernel counts queued bytes;
-			// elsewhere the rule is off and they all stay in the bypass).
-			switch st := readStatus(t, in); {
-			case !st.Kernel.PsockMsgTotLen:
-				mustEqual(t, d, "fallback_backlog", 0)
-			case st.Settings.BacklogValve.On():
-				mustAtLeast(t, d, "valve_opens", 1)
-				mustAtLeast(t, d, "valve_closes", 1)
-			case *integrityBacklog == 1<<20:
-				mustAtLeast(t, d, "fallback_backlog", 1)
-			}
-			mustEqual(t, d, "fallback_blocking", 0)
+			client, listen, target := tt.setup(9000 + i)
+			integrityRun(t, in, srv, client, listen, target, valve, tt.extra)
 		})
 	}
+	// Slow receivers' writers under the other rule, with connections
+	// whose first write meets it before their server accepted.
+	t.Run("pod to pod IPv4, the other slow-reader rule", func(t *testing.T) {
+		other := "valve"
+		switch {
+		case valve:
+			other = "tcp"
+		case !valveKernel(t):
+			t.Skip("this kernel cannot run the valve (TestSlowReaderValve checks its refusal): the rows above ran the backlog rule")
+		}
+		in := testutil.NewInstance(t)
+		in.Settings = slices.Concat(in.Settings, flags, []string{"--slow-readers", other})
+		b := testutil.Bed(t)
+		srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+		in.Attach(srv, cli)
+		integrityRun(t, in, srv, cli, "0.0.0.0:9100", netip.AddrPortFrom(srv.IPv4, 9100).String(), other == "valve", nil)
+	})
+}
+
+// integrityRun is one scenario of TestBypassIntegrity: the streams, then
+// the counters they moved (through the valve, or the backlog rule).
+func integrityRun(t *testing.T, in *testutil.Instance, srv, cli *testbed.Pod, listen, target string, valve bool, extra []string) {
+	t.Helper()
+	before := in.Counters()
+	const slow = 4 << 20
+	sum := integrity(t, in, srv, cli, listen, target, *integrityConns, append([]string{"--io", "epoll", "--slow-bytes", strconv.Itoa(slow)}, extra...)...)
+	d := testutil.Delta(before, in.Counters())
+	t.Logf("%d connections, %d bytes sent by the clients, %d redirected, %d through TCP", *integrityConns, sum.Sent, d["redirect_bytes"], d["pass_bytes"])
+	n := uint64(*integrityConns)
+	mustAtLeast(t, d, "established_active", n)
+	mustAtLeast(t, d, "established_passive", n)
+	// A client may send before its server is accepted; that
+	// connection stays on TCP. Most must be bypassed.
+	mustAtLeast(t, d, "conns_bypassed", n*3/4)
+	// Everything but the slow receivers' floods (which move to
+	// TCP past the limit) goes socket to socket, mostly.
+	var slowStreams uint64
+	for i := range *integrityConns {
+		if peer.Mode(i%int(peer.NumModes)) == peer.ModeSlowReceiver {
+			slowStreams++
+		}
+	}
+	mustAtLeast(t, d, "redirect_bytes", (sum.Sent-slowStreams*slow)/2)
+	if *integrityWindow > 0 {
+		mustAtLeast(t, d, "redirect_windows", 1)
+	}
+	mustEqual(t, d, "err_sockhash", 0)
+	mustEqual(t, d, "err_conn_table_full", 0)
+	// Slow receivers' writers were pushed back through TCP by the
+	// valve, which let them back once their readers caught up (each
+	// flood pauses halfway), or went over the 1 MiB limit and moved to
+	// TCP, and their bytes kept order across the switches (where the
+	// kernel counts queued bytes; elsewhere the rule is off and they
+	// all stay in the bypass).
+	switch {
+	case !readStatus(t, in).Kernel.PsockMsgTotLen:
+		mustEqual(t, d, "fallback_backlog", 0)
+	case valve:
+		mustAtLeast(t, d, "valve_opens", 1)
+		mustAtLeast(t, d, "valve_closes", 1)
+		mustEqual(t, d, "fallback_backlog", 0)
+	case *integrityBacklog == 1<<20:
+		mustAtLeast(t, d, "fallback_backlog", 1)
+		mustEqual(t, d, "valve_opens", 0)
+	}
+	mustEqual(t, d, "fallback_blocking", 0)
 }
 
 // TestBlockingIO: connections with an end reading in blocking mode stay on
@@ -131,14 +150,16 @@ func TestBlockingIO(t *testing.T) {
 		{"blocking server, epoll client", "blocking", "epoll", 32, 0},
 		{"epoll server, mixed clients", "epoll", "mixed", 16, 12},
 	}
-	for _, tt := range tests {
+	// One test bed and datapath for every case, each on a port of its own.
+	b := testutil.Bed(t)
+	in := testutil.NewInstance(t)
+	srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+	in.Attach(srv, cli)
+	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := testutil.Bed(t)
-			in := testutil.NewInstance(t)
-			srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
-			in.Attach(srv, cli)
+			port := uint16(9000 + i)
 			before := in.Counters()
-			integritySides(t, in, srv, cli, "0.0.0.0:9000", netip.AddrPortFrom(srv.IPv4, 9000).String(), 32,
+			integritySides(t, in, srv, cli, fmt.Sprintf("0.0.0.0:%d", port), netip.AddrPortFrom(srv.IPv4, port).String(), 32,
 				[]string{"--io", tt.server}, []string{"--io", tt.client})
 			d := testutil.Delta(before, in.Counters())
 			// A client whose first send beats its server's accept is
