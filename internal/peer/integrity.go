@@ -105,8 +105,12 @@ func randLen(rng *rand.Rand, avg int64) uint64 {
 	return uint64(avg/2 + rng.Int64N(avg+1))
 }
 
-// slowFloodPause is how long a flood to a slow receiver stops halfway.
-const slowFloodPause = 300 * time.Millisecond
+// A slow receiver starts reading slowReaderStart after the header; the
+// flood to it stops for slowFloodPause halfway.
+const (
+	slowReaderStart = 200 * time.Millisecond
+	slowFloodPause  = 300 * time.Millisecond
+)
 
 // send writes h's payload in messages of random sizes.
 func send(s sock, h header, rng *rand.Rand) (uint64, error) {
@@ -169,6 +173,11 @@ func receive(s sock, server bool, clientMode Mode, checkFIONREAD bool) (header, 
 	v := newVerifier(h.Seed)
 	buf := make([]byte, 256<<10)
 	peeked := make([]byte, 64<<10)
+	if slow {
+		// Behind from the start: the flood fills the queue past any
+		// limit before the first read.
+		time.Sleep(slowReaderStart)
+	}
 	for {
 		if peekMode {
 			pn, err := s.Peek(peeked)
