@@ -56,8 +56,13 @@ type Result struct {
 	SHAGot   string `json:"sha256_received"`
 	SHAWant  string `json:"sha256_expected"`
 	Mismatch int64  `json:"first_mismatch"`
-	OK       bool   `json:"ok"`
-	Err      string `json:"error,omitempty"`
+	// MismatchFrom is where in the expected stream the bytes received at
+	// first_mismatch come from, if within 256 KiB of it: earlier, bytes
+	// were delivered twice; later, bytes were skipped or overtaken. -1
+	// when not found, or no mismatch.
+	MismatchFrom int64  `json:"mismatch_from"`
+	OK           bool   `json:"ok"`
+	Err          string `json:"error,omitempty"`
 }
 
 // Summary closes a run.
@@ -118,10 +123,11 @@ func send(s sock, h header, rng *rand.Rand) (uint64, error) {
 	buf := make([]byte, h.MaxMsg)
 	var sent uint64
 	// A flood to a slow receiver pauses once, halfway, as bursty writers
-	// do: its reader then catches up with everything sent, so a writer
-	// pushed back through TCP (the valve) returns to the bypass and its
-	// next bytes are redirected behind TCP's. A flood that never pauses
-	// keeps TCP's send queue full and the valve open to its end.
+	// do, while its reader, slow for the first half, reads at full speed:
+	// it catches up with everything sent, so a writer pushed back through
+	// TCP (the valve) returns to the bypass and its next bytes are
+	// redirected behind TCP's. A flood that never pauses keeps TCP's send
+	// queue full and the valve open to its end.
 	pauseAt := uint64(math.MaxUint64)
 	if h.Mode == ModeSlowReceiver {
 		pauseAt = h.Length / 2
@@ -212,7 +218,9 @@ func receive(s sock, server bool, clientMode Mode, checkFIONREAD bool) (header, 
 			continue
 		}
 		chunk := buf
-		if slow {
+		if slow && v.n < h.Length/2 {
+			// Slow for the first half; then it catches up, while the
+			// flood pauses (send), so a writer held back returns.
 			chunk = buf[:64<<10]
 			time.Sleep(time.Millisecond)
 		}
@@ -231,11 +239,11 @@ func receive(s sock, server bool, clientMode Mode, checkFIONREAD bool) (header, 
 }
 
 func result(conn int, side string, io string, h header, v *verifier, sent uint64, rerr error, allowPrefix bool) Result {
-	r := Result{Conn: conn, Side: side, IO: io, Mode: h.Mode.String(), Sent: sent, Expected: h.Length, Mismatch: -1}
+	r := Result{Conn: conn, Side: side, IO: io, Mode: h.Mode.String(), Sent: sent, Expected: h.Length, Mismatch: -1, MismatchFrom: -1}
 	if v != nil {
 		r.Received = v.n
 		r.SHAGot, r.SHAWant = v.sums()
-		r.Mismatch = v.mismatch
+		r.Mismatch, r.MismatchFrom = v.mismatch, v.mismatchFrom
 	}
 	if rerr != nil {
 		r.Err = rerr.Error()
@@ -373,7 +381,7 @@ func dialOne(ctx context.Context, i int, target netip.AddrPort, cfg IntegrityCon
 		if rerr := s.Reset(); rerr != nil && err == nil {
 			err = fmt.Errorf("resetting: %w", rerr)
 		}
-		r := Result{Conn: i, Side: "client", Mode: mode.String(), IO: style, Sent: sent, Expected: h.Length, Mismatch: -1, OK: err == nil}
+		r := Result{Conn: i, Side: "client", Mode: mode.String(), IO: style, Sent: sent, Expected: h.Length, Mismatch: -1, MismatchFrom: -1, OK: err == nil}
 		if err != nil {
 			r.Err = err.Error()
 		}
