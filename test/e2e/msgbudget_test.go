@@ -106,9 +106,10 @@ func TestMessageBudget(t *testing.T) {
 	}
 }
 
-// heldBack waits until writers held back stop moving the counters (bytes
-// redirected and passed), for at least settle tenths of a second and at
-// most five seconds more, and returns the counters' deltas since before.
+// heldBack waits until writers held back have moved the counters (bytes
+// redirected and passed) and stopped, for at least settle tenths of a
+// second and at most five seconds more, and returns the counters' deltas
+// since before.
 // The counters are read in the test's process (pinnedCounters): a
 // `socklane status` process, seconds under emulation, would let the
 // wait outlast the sink's pause.
@@ -118,8 +119,10 @@ func heldBack(counters func() map[string]uint64, before map[string]uint64, settl
 	for i := 0; i < settle+50; i++ {
 		time.Sleep(100 * time.Millisecond)
 		d = testutil.Delta(before, counters())
+		// Settled once the writers moved bytes and then stopped (a
+		// writer just started, slow under emulation, has moved none).
 		n := d["redirect_bytes"] + d["pass_bytes"]
-		if i >= settle && n == sent {
+		if i >= settle && n == sent && n > 0 {
 			break
 		}
 		sent = n
