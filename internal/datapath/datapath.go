@@ -87,18 +87,20 @@ func Open(cfg Config) (*Datapath, error) {
 	}
 	// A kernel that lacks what the programs use is refused by name before
 	// anything is created.
-	open := create
-	if Pinned(cfg.PinDir) {
-		open = adopt
-	} else if err := CheckKernel(); err != nil {
-		return nil, err
+	creating := !Pinned(cfg.PinDir)
+	open := adopt
+	if creating {
+		open = create
+		if err := CheckKernel(); err != nil {
+			return nil, err
+		}
 	}
 	types := btf.NewCache()
 	f, err := probeFeatures(types)
 	if err != nil {
 		return nil, err
 	}
-	if !Pinned(cfg.PinDir) {
+	if creating {
 		// The sockmap bugs decide the settings left to the kernel and
 		// whether the valve can run: found first, in a network namespace
 		// of their own, recorded once loaded.
