@@ -40,6 +40,7 @@ const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
 #include "sl_listener.h"
 #include "sl_evict.h"
 #include "sl_verdict.h"
+#include "sl_overlap.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -450,6 +451,10 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	if (v && v->gen == st->gen)
 		evict_timer_drop(&id, v);
 	st->slot = SL_NO_SLOT;
+	if (sl_settings.backlog_valve == SL_MODE_ON) {
+		__u64 cookie = bpf_get_socket_cookie(skops);
+		bpf_map_delete_elem(&sl_skb_seqs, &cookie);
+	}
 	count(SL_C_CLOSED, 1);
 }
 
@@ -693,10 +698,32 @@ int sl_msg(struct sk_msg_md *msg)
 /* On sl_sockhash with the valve (--slow-readers valve) only: TCP's bytes
  * for a socket in the map join the queue of the bytes redirected to it, in
  * order of arrival, so that FIONREAD counts both and a redirect after a
- * pass through TCP cannot overtake what TCP delivered. */
+ * pass through TCP cannot overtake what TCP delivered.
+ *
+ * The kernel hands this verdict whole segments from TCP's receive queue
+ * (tcp_read_skb), and TCP queues a retransmission that starts before
+ * rcv_nxt whole (tcp_data_queue, "partial packet"): tcp_recvmsg skips the
+ * bytes it already has by offset, the verdict path would deliver them a
+ * second time. So the segment's head, up to where the last segment this
+ * program passed ended, is cut off before it is passed (skb_trim_overlap). */
 SEC("sk_skb/stream_verdict")
 int sl_skb(struct __sk_buff *skb)
 {
+	__u32 seq;
+	if (skb_tcp_seq(skb, &seq))
+		return SK_PASS;
+	__u64 cookie = bpf_get_socket_cookie(skb);
+	__u32 len = skb->len, end = seq + len;
+	struct sl_skb_seq *last = bpf_map_lookup_elem(&sl_skb_seqs, &cookie);
+	if (!last) {
+		struct sl_skb_seq first = {.next = end};
+		if (bpf_map_update_elem(&sl_skb_seqs, &cookie, &first, BPF_NOEXIST))
+			count(SL_C_ERR_SKB_TRIM, 1);
+		return SK_PASS;
+	}
+	skb_trim_overlap(skb, last->next - seq, len);
+	if ((__s32)(end - last->next) > 0)
+		last->next = end;
 	return SK_PASS;
 }
 
@@ -735,6 +762,8 @@ int sl_reclaim(struct sl_reclaim_args *a)
 		return 0;
 	owner_msgs_release(c->owner, c->msgs_charged[0] + c->msgs_charged[1]);
 	owner_release(c->owner, SL_HOLD_CONNS);
+	bpf_map_delete_elem(&sl_skb_seqs, &c->cookie[0]);
+	bpf_map_delete_elem(&sl_skb_seqs, &c->cookie[1]);
 	return 1;
 }
 

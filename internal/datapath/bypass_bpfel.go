@@ -147,12 +147,15 @@ const (
 	bypassSlCounterSL_C_SMALL_STREAM_NODELAY    bypassSlCounter = 38
 	bypassSlCounterSL_C_MSG_BUDGET              bypassSlCounter = 39
 	bypassSlCounterSL_C_MSG_QUOTA               bypassSlCounter = 40
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 41
+	bypassSlCounterSL_C_SKB_OVERLAPS            bypassSlCounter = 41
+	bypassSlCounterSL_C_SKB_OVERLAP_BYTES       bypassSlCounter = 42
+	bypassSlCounterSL_C_ERR_SKB_TRIM            bypassSlCounter = 43
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 44
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [41]uint64
+	C [44]uint64
 }
 
 type bypassSlDefaults uint32
@@ -246,7 +249,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 38
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 39
 )
 
 type bypassSlListener struct {
@@ -362,6 +365,12 @@ const (
 	bypassSlSignalsSL_SIG_INTERRUPTS bypassSlSignals = 2
 )
 
+type bypassSlSkbSeq struct {
+	_    structs.HostLayout
+	Next uint32
+	Pad  uint32
+}
+
 type bypassSlSock struct {
 	_           structs.HostLayout
 	SelfId      uint32
@@ -445,6 +454,7 @@ const (
 	bypassMapSlOwners        = "sl_owners"
 	bypassMapSlSigScratch    = "sl_sig_scratch"
 	bypassMapSlSkState       = "sl_sk_state"
+	bypassMapSlSkbSeqs       = "sl_skb_seqs"
 	bypassMapSlSockhash      = "sl_sockhash"
 	bypassMapSlStats         = "sl_stats"
 	bypassProgSlMsg          = "sl_msg"
@@ -530,6 +540,7 @@ type bypassMapSpecs struct {
 	SlOwners       *ebpf.MapSpec `ebpf:"sl_owners"`
 	SlSigScratch   *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
 	SlSkState      *ebpf.MapSpec `ebpf:"sl_sk_state"`
+	SlSkbSeqs      *ebpf.MapSpec `ebpf:"sl_skb_seqs"`
 	SlSockhash     *ebpf.MapSpec `ebpf:"sl_sockhash"`
 	SlStats        *ebpf.MapSpec `ebpf:"sl_stats"`
 }
@@ -581,6 +592,7 @@ type bypassMaps struct {
 	SlOwners       *ebpf.Map `ebpf:"sl_owners"`
 	SlSigScratch   *ebpf.Map `ebpf:"sl_sig_scratch"`
 	SlSkState      *ebpf.Map `ebpf:"sl_sk_state"`
+	SlSkbSeqs      *ebpf.Map `ebpf:"sl_skb_seqs"`
 	SlSockhash     *ebpf.Map `ebpf:"sl_sockhash"`
 	SlStats        *ebpf.Map `ebpf:"sl_stats"`
 }
@@ -606,6 +618,7 @@ func (m *bypassMaps) Close() error {
 		m.SlOwners,
 		m.SlSigScratch,
 		m.SlSkState,
+		m.SlSkbSeqs,
 		m.SlSockhash,
 		m.SlStats,
 	)

@@ -26,6 +26,11 @@ type Features struct {
 	// still knows whether any are queued (what leaving the map safely
 	// needs), but not how many: the receiver backlog rule is off.
 	PsockMsgTotLen bool `json:"psock_msg_tot_len"`
+	// CastKernCtx: the kfunc bpf_cast_to_kern_ctx (6.3+), through which
+	// the valve's sk_skb verdict reads a TCP segment's sequence number, to
+	// cut off the head of a retransmission that repeats bytes already
+	// passed (sl_skb).
+	CastKernCtx bool `json:"cast_kern_ctx"`
 	// HashKptr: the socket pointer in sl_listeners' value (a hash map) is
 	// parsed as a kernel pointer, probed on the map itself when the spec
 	// is adapted (some layouts are not on 6.1, which then makes the field
@@ -83,6 +88,8 @@ func (f Features) ValveUnfit() string {
 	switch {
 	case !f.PsockMsgTotLen:
 		return "its sk_psock does not count the bytes queued for a reader (no msg_tot_len)"
+	case !f.CastKernCtx:
+		return "its sk_skb verdict cannot read a TCP segment's sequence number (no bpf_cast_to_kern_ctx, 6.3), so a retransmission that repeats bytes already delivered would reach the reader twice"
 	case f.BugsError != "":
 		return "its sockmap could not be probed (" + f.BugsError + ")"
 	case f.Has(sockbugs.Uncharged):
@@ -122,6 +129,8 @@ func probeFeatures(types *btf.Cache) (Features, error) {
 			f.PsockMsgTotLen = f.PsockMsgTotLen || m.Name == "msg_tot_len"
 		}
 	}
+	var cast *btf.Func
+	f.CastKernCtx = kspec.TypeByName("bpf_cast_to_kern_ctx", &cast) == nil
 	if f.KptrUntrusted, err = probeKptrTag("kptr_untrusted", ebpf.Array); err != nil {
 		return f, fmt.Errorf("probing kptr_untrusted map fields: %w", err)
 	}

@@ -61,18 +61,20 @@ func TestProbeFeatures(t *testing.T) {
 
 // TestValveUnfit: the valve runs only where sk_psock counts queued bytes,
 // the kernel's sockmap was probed and redirected bytes are charged to
-// their reader; each refusal names its reason.
+// their reader, and where its sk_skb verdict can read a segment's sequence
+// number; each refusal names its reason.
 func TestValveUnfit(t *testing.T) {
-	charged := Features{PsockMsgTotLen: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.BlockingEAGAIN)}}
+	charged := Features{PsockMsgTotLen: true, CastKernCtx: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.BlockingEAGAIN)}}
 	for _, tt := range []struct {
 		f    Features
 		want string // in the reason; "" for fit
 	}{
 		{charged, ""},
-		{Features{PsockMsgTotLen: true}, ""},
+		{Features{PsockMsgTotLen: true, CastKernCtx: true}, ""},
 		{Features{}, "msg_tot_len"},
-		{Features{PsockMsgTotLen: true, BugsError: "making a private network namespace: EPERM"}, "could not be probed (making a private"},
-		{Features{PsockMsgTotLen: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.Uncharged)}}, "redirect_uncharged; fixed by d888b7af7c14"},
+		{Features{PsockMsgTotLen: true}, "no bpf_cast_to_kern_ctx"},
+		{Features{PsockMsgTotLen: true, CastKernCtx: true, BugsError: "making a private network namespace: EPERM"}, "could not be probed (making a private"},
+		{Features{PsockMsgTotLen: true, CastKernCtx: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.Uncharged)}}, "redirect_uncharged; fixed by d888b7af7c14"},
 	} {
 		got := tt.f.ValveUnfit()
 		if tt.want == "" && got != "" || tt.want != "" && !strings.Contains(got, tt.want) || tt.f.ValveFit() != (got == "") {

@@ -3,16 +3,20 @@ package datapath
 import (
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
-// TestEvictTimersHoldEverySocket: sl_evict_timers is keyed by a socket's
-// key in sl_sockhash (slot << 1 | role) and must have room for every such
-// key, so that no pod, by keeping thousands of its sockets waiting to
-// leave the map, leaves another pod's sockets without a timer (a FIONREAD
-// reader of theirs would then wait for bytes FIONREAD does not count). It
-// is allocated as used: the room costs nothing until sockets wait.
-func TestEvictTimersHoldEverySocket(t *testing.T) {
+// TestPerSocketMapsHoldEverySocket: the hash maps with an entry per
+// socket of sl_sockhash must have room for every such socket, so that no
+// pod, by keeping thousands of its sockets in them, leaves another pod's
+// sockets without one, and are allocated as used (the room costs nothing
+// until sockets take it). sl_evict_timers is keyed by a socket's key in
+// sl_sockhash (slot << 1 | role): without a timer a FIONREAD reader would
+// wait for bytes FIONREAD does not count. sl_skb_seqs is keyed by cookie,
+// an entry per member of a slot: without one a retransmission's repeated
+// head would reach the reader twice.
+func TestPerSocketMapsHoldEverySocket(t *testing.T) {
 	spec, err := loadBypass()
 	if err != nil {
 		t.Fatal(err)
@@ -22,13 +26,15 @@ func TestEvictTimersHoldEverySocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := 2 * maps.SlConns.MaxEntries
-	if got := maps.SlEvictTimers.MaxEntries; got < keys {
-		t.Errorf("sl_evict_timers holds %d timers, sockets of the map have %d keys: a pod can fill it", got, keys)
-	}
 	if got := maps.SlSockhash.MaxEntries; got > keys {
-		t.Errorf("sl_sockhash holds %d sockets, more than the %d keys sl_evict_timers is sized for", got, keys)
+		t.Errorf("sl_sockhash holds %d sockets, more than the %d keys the per-socket maps are sized for", got, keys)
 	}
-	if maps.SlEvictTimers.Flags&unix.BPF_F_NO_PREALLOC == 0 {
-		t.Errorf("sl_evict_timers is preallocated (flags %#x): room for every socket would cost its full size at load", maps.SlEvictTimers.Flags)
+	for name, m := range map[string]*ebpf.MapSpec{"sl_evict_timers": maps.SlEvictTimers, "sl_skb_seqs": maps.SlSkbSeqs} {
+		if got := m.MaxEntries; got < keys {
+			t.Errorf("%s holds %d entries, sockets of the map have %d keys: a pod can fill it", name, got, keys)
+		}
+		if m.Flags&unix.BPF_F_NO_PREALLOC == 0 {
+			t.Errorf("%s is preallocated (flags %#x): room for every socket would cost its full size at load", name, m.Flags)
+		}
 	}
 }

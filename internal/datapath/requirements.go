@@ -269,7 +269,7 @@ var (
 		asm.FnSkbLoadBytes: "4.5", asm.FnSkFullsock: "5.1", asm.FnGetCurrentAncestorCgroupId: "5.7",
 		asm.FnGetCurrentTask: "4.8", asm.FnSkbCgroupId: "4.18",
 		asm.FnTimerInit: "5.15", asm.FnTimerSetCallback: "5.15", asm.FnTimerStart: "5.15",
-		asm.FnSetsockopt: "4.13", asm.FnGetsockopt: "4.15",
+		asm.FnSetsockopt: "4.13", asm.FnGetsockopt: "4.15", asm.FnSkbAdjustRoom: "4.13", asm.FnLoop: "5.17",
 	}
 	// Helpers that came to a program type later than to tracing: the
 	// base helpers of CAP_PERFMON (the current task, reading kernel
@@ -279,6 +279,9 @@ var (
 		ebpf.SkMsg:   {asm.FnGetNetnsCookie: "5.15", asm.FnGetCurrentTask: "5.8"},
 		// bpf_skb_cgroup_id came to cgroup_skb in 5.3.
 		ebpf.CGroupSKB: {asm.FnSkbCgroupId: "5.3"},
+		// bpf_skb_adjust_room came to sk_skb (popping bytes off the
+		// head of an ingress skb) in 5.10.
+		ebpf.SkSKB: {asm.FnSkbAdjustRoom: "5.10"},
 	}
 )
 

@@ -95,7 +95,7 @@ func TestSettingsReadBack(t *testing.T) {
 // tcp_rmem's maximum, and the modes left to the kernel follow the bugs
 // found (none probed counts as all found).
 func TestResolve(t *testing.T) {
-	fit := Features{PsockMsgTotLen: true}
+	fit := Features{PsockMsgTotLen: true, CastKernCtx: true}
 	if got := DefaultSettings().Resolve(fit).BacklogLimit; got != tcpRmemMax() || got == 0 {
 		t.Errorf("backlog limit of the defaults: %d, want tcp_rmem max %d", got, tcpRmemMax())
 	}
@@ -105,17 +105,18 @@ func TestResolve(t *testing.T) {
 	// Slow readers left to the datapath: the valve where sk_psock counts
 	// queued bytes and the kernel charges redirected ones to their reader,
 	// the one-way move elsewhere.
-	uncharged := Features{PsockMsgTotLen: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.Uncharged)}}
+	uncharged := Features{PsockMsgTotLen: true, CastKernCtx: true, Bugs: []sockbugs.Bug{sockbugs.Describe(sockbugs.Uncharged)}}
 	for _, tt := range []struct {
 		s    Settings
 		f    Features
 		want Mode
 	}{
 		{Settings{}, fit, ModeOn},
-		{Settings{}, Features{Kernel: "6.12.117+deb12-cloud-amd64", PsockMsgTotLen: true}, ModeOn},
+		{Settings{}, Features{Kernel: "6.12.117+deb12-cloud-amd64", PsockMsgTotLen: true, CastKernCtx: true}, ModeOn},
+		{Settings{}, Features{PsockMsgTotLen: true}, ModeOff},
 		{Settings{}, uncharged, ModeOff},
 		{Settings{}, Features{Kernel: "6.18.44"}, ModeOff},
-		{Settings{}, Features{PsockMsgTotLen: true, BugsError: "no namespace"}, ModeOff},
+		{Settings{}, Features{PsockMsgTotLen: true, CastKernCtx: true, BugsError: "no namespace"}, ModeOff},
 		{Settings{BacklogValve: ModeOff}, fit, ModeOff},
 		{Settings{BacklogValve: ModeOn}, fit, ModeOn},
 		// The default: the valve where the kernel runs it.

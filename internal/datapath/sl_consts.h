@@ -62,6 +62,13 @@ enum sl_counter {
 				       * the valve opened, or the direction moved to TCP (backlog) */
 	SL_C_MSG_QUOTA,               /* a connection's owner held its quota of messages (owner_msgs):
 				       * the valve opened, or the direction moved to TCP (backlog) */
+	SL_C_SKB_OVERLAPS,            /* TCP segments passed to a socket in the map (sl_skb) whose head
+				       * repeated bytes already passed (a retransmission straddling
+				       * rcv_nxt): the head was cut off */
+	SL_C_SKB_OVERLAP_BYTES,       /* the bytes cut off them */
+	SL_C_ERR_SKB_TRIM,            /* such heads that could not be cut off (the kernel could not pull
+				       * them, or longer than SL_SKB_TRIM_MAX), or a socket whose segments
+				       * could not be followed (sl_skb_seqs full): delivered twice */
 	SL_C_MAX,
 };
 
@@ -71,7 +78,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 38,
+	SL_LAYOUT_VERSION = 39,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -264,6 +271,14 @@ enum sl_lowat {
 	SL_LOWAT_OURS = 2,   /* set for the open valve, cleared when it closes */
 };
 #define SL_VALVE_LOWAT (16 << 10)
+/* sl_skb cuts a segment's repeated head off in steps of at most
+ * SL_SKB_TRIM_STEP bytes (what one bpf_skb_adjust_room may take from an
+ * sk_skb), SL_SKB_TRIM_CALLS of them at most: SL_SKB_TRIM_MAX bytes, more
+ * than a segment of the largest GSO size the kernel hands a socket
+ * (64 KiB; BIG TCP's 185 KiB). */
+#define SL_SKB_TRIM_STEP 0xfffu
+#define SL_SKB_TRIM_CALLS 64
+#define SL_SKB_TRIM_MAX (SL_SKB_TRIM_STEP * SL_SKB_TRIM_CALLS)
 /* A socket whose incoming direction moved to TCP leaves the map once what
  * was redirected to it is read; from its first transmit that found it busy
  * a timer re-checks, every SL_EVICT_CHECK_NS for SL_EVICT_STEP checks, then

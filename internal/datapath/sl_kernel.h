@@ -92,6 +92,18 @@ struct sk_psock {
 	struct sk_buff_head ingress_skb;
 } __attribute__((preserve_access_index));
 
+/* The kernel's sk_buff, for the TCP control block of a segment an sk_skb
+ * verdict judges (TCP_SKB_CB: seq is its first word, left as TCP queued it;
+ * the sockmap's own use of the block starts past it). */
+struct sk_buff {
+	char cb[48];
+} __attribute__((preserve_access_index));
+
+/* A kfunc of 6.3 on: the kernel's sk_buff behind a program's __sk_buff.
+ * Weak, as bpf_rdonly_cast; the valve, which needs it, is refused where it
+ * is absent (Features.ValveUnfit). */
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
+
 /* Low bits of sk_user_data are flags (SK_USER_DATA_PTRMASK). */
 #define SL_USER_DATA_PTRMASK (~7UL)
 
@@ -316,6 +328,19 @@ static __always_inline __u32 window_left(struct sock *sk)
 /* Bytes copied from the head of a socket to find its cookie (in
  * sock_common, at 88 bytes on 6.18). */
 #define SL_SOCK_HEAD 128
+
+/* The sequence number of the first byte of a TCP segment an sk_skb
+ * verdict judges. Returns 0 on success. */
+static __always_inline int skb_tcp_seq(struct __sk_buff *ctx, __u32 *seq)
+{
+	if (!sl_ksym_exists(bpf_cast_to_kern_ctx))
+		return -1;
+	struct sk_buff *skb = bpf_cast_to_kern_ctx(ctx);
+	if (!skb)
+		return -1;
+	*seq = *(__u32 *)skb->cb;
+	return 0;
+}
 
 /* Copies size bytes at offset off (a BTF offset, constant once loaded)
  * of a socket's head to out. A bpf_sock cannot be turned into a struct

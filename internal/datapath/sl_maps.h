@@ -74,6 +74,21 @@ struct {
 	__type(value, struct sl_evict_timer);
 } sl_evict_timers SEC(".maps");
 
+/* Where the last TCP segment the valve's sk_skb verdict (sl_skb) passed to
+ * a socket of the map ended, keyed by the socket's cookie (an sk_skb
+ * program has no socket storage). Added by sl_skb, removed when the socket
+ * closes (on_close) or its slot is reclaimed (sl_reclaim, with the member
+ * cookies of struct sl_conn): only members of a slot join sl_sockhash and
+ * a member keeps its slot until it closes, so the entries are at most two
+ * per slot, and no pod can fill the map. Allocated as used. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_MAX_SOCKS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, struct sl_skb_seq);
+} sl_skb_seqs SEC(".maps");
+
 /* Network namespaces (cookies) whose TCP stays out of the bypass: pods
  * opted out (`socklane bypass optout`, or the agent for pods labelled
  * socklane.io/bypass=off), whose programs read in ways a bypassed socket

@@ -208,6 +208,13 @@ struct sl_sock {
 	__u8 pad[2];
 };
 
+/* sl_skb_seqs' value: the sequence number after the last TCP segment
+ * sl_skb passed to a socket. */
+struct sl_skb_seq {
+	__u32 next;
+	__u32 pad;
+};
+
 /* A socket waiting to leave the map (sl_evict_timers, keyed by its key in
  * sl_sockhash): the generation of its slot, the checks made since it last
  * transmitted, and when the checks end. */
