@@ -195,6 +195,20 @@ func (c *Case) Paths() []string {
 	return []string{PathTCP, PathBypass, PathBare, PathUnix}
 }
 
+// PathsOfRep is the order of the case's paths in repetition rep: Paths,
+// reversed in every other repetition, so that no path always runs right
+// after another (a sample taken after a detach, or after the run that
+// heats the caches the next one finds, would otherwise favour or handicap
+// the same path in every ratio of a run; A B B A over two repetitions
+// cancels what the position does).
+func (c *Case) PathsOfRep(rep int) []string {
+	paths := c.Paths()
+	if rep%2 == 1 {
+		slices.Reverse(paths)
+	}
+	return paths
+}
+
 // ProgStat is the kernel's run-time statistics of one program.
 type ProgStat struct {
 	Name  string  `json:"name"`
@@ -377,9 +391,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, c := range cases {
 		total += o.Reps * len(c.Paths())
 	}
-	for range o.Reps {
+	for rep := range o.Reps {
 		for _, c := range cases {
-			for _, path := range c.Paths() {
+			for _, path := range c.PathsOfRep(rep) {
 				s, err := r.measure(c, path)
 				if err != nil {
 					return nil, fmt.Errorf("%s%s %d B %s %s over %s: %w", c.Tool, c.Kind, c.Size, c.Scenario, c.Placement, path, err)

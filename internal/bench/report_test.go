@@ -138,3 +138,26 @@ func TestPathTaken(t *testing.T) {
 		}
 	}
 }
+
+// TestPathsOfRep: every repetition samples every path once, and each path
+// holds each position equally often over two repetitions (A B B A).
+func TestPathsOfRep(t *testing.T) {
+	for _, c := range []*Case{{Kind: Throughput}, {Kind: Throughput, Tool: "qperf"}, {Kind: Services}, {Kind: Policies}} {
+		paths := c.Paths()
+		pos := map[string]int{}
+		for rep := range 4 {
+			got := c.PathsOfRep(rep)
+			if len(got) != len(paths) {
+				t.Fatalf("%s repetition %d: %v, want the %d paths %v", c.Kind, rep, got, len(paths), paths)
+			}
+			for i, p := range got {
+				pos[p] += i
+			}
+		}
+		for _, p := range paths {
+			if want := 4 * (len(paths) - 1) / 2; pos[p] != want {
+				t.Errorf("%s: path %s's positions over four repetitions sum to %d, want %d (each position as often)", c.Kind, p, pos[p], want)
+			}
+		}
+	}
+}

@@ -447,11 +447,10 @@ func TestRetransmitOverlap(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := delta(before, n.counters())
-	t.Logf("counters: %v", d)
 	t.Logf("socklane (valve %v): %s; skb_overlaps %d, skb_overlap_bytes %d, err_skb_trim %d, fallback_no_handshake %d",
 		valve, got, d["skb_overlaps"], d["skb_overlap_bytes"], d["err_skb_trim"], d["fallback_no_handshake"])
 	if !got.exact {
-		t.Errorf("socklane: %s; want every byte once", got)
+		t.Errorf("socklane: %s; want every byte once (counters %v)", got, d)
 	}
 	if d["err_skb_trim"] != 0 {
 		t.Errorf("overlaps not cut: %d", d["err_skb_trim"])
