@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/socklane/socklane/internal/sockbugs"
 	"github.com/socklane/socklane/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -56,59 +56,23 @@ func parseOverlap(out string) (overlapResult, error) {
 	return overlapResult{got: got, want: want, exact: m[3] == "true", repeated: m[4] == "true", retrans: uint32(retrans)}, nil
 }
 
-// inPrivateNetns runs fn on a thread of its own in a new network namespace
-// whose loopback is up and whose TCP negotiates neither timestamps nor
-// window scaling (a sender rebuilt by TCP_REPAIR then needs neither); the
-// thread is left locked, so it ends with fn. /proc/sys/net is the opening
-// thread's namespace's.
+// inPrivateNetns runs fn in a network namespace of its own
+// (sockbugs.InPrivateNetns) whose TCP negotiates neither timestamps nor
+// window scaling (a sender rebuilt by TCP_REPAIR then needs neither).
+// /proc/sys/net is the opening thread's namespace's.
 func inPrivateNetns(fn func() (overlapResult, error)) (overlapResult, error) {
-	type res struct {
-		r   overlapResult
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		r, err := func() (overlapResult, error) {
-			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-				return overlapResult{}, fmt.Errorf("making a network namespace: %w", err)
+	var r overlapResult
+	err := sockbugs.InPrivateNetns(func() error {
+		for _, f := range []string{"tcp_timestamps", "tcp_window_scaling"} {
+			if err := os.WriteFile("/proc/sys/net/ipv4/"+f, []byte("0"), 0); err != nil {
+				return fmt.Errorf("turning %s off in the test's namespace: %w", f, err)
 			}
-			if err := loopbackUp(); err != nil {
-				return overlapResult{}, err
-			}
-			for _, f := range []string{"tcp_timestamps", "tcp_window_scaling"} {
-				if err := os.WriteFile("/proc/sys/net/ipv4/"+f, []byte("0"), 0); err != nil {
-					return overlapResult{}, fmt.Errorf("turning %s off in the test's namespace: %w", f, err)
-				}
-			}
-			return fn()
-		}()
-		ch <- res{r, err}
-	}()
-	r := <-ch
-	return r.r, r.err
-}
-
-// loopbackUp brings lo up without the ip command (the matrix's guests have
-// none).
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
+		}
+		var err error
+		r, err = fn()
 		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("reading lo's flags: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("bringing lo up: %w", err)
-	}
-	return nil
+	})
+	return r, err
 }
 
 // repairWindow is struct tcp_repair_window (linux/tcp.h).

@@ -100,30 +100,36 @@ func Detect() (Report, error) { return detectIn(true) }
 // detectIn runs the probes with the bytes redirected through a socket map,
 // or (the probes' negative control) over plain TCP.
 func detectIn(redirect bool) (Report, error) {
-	type result struct {
-		r   Report
-		err error
-	}
-	ch := make(chan result, 1)
+	var r Report
+	err := InPrivateNetns(func() error {
+		var err error
+		r, err = detect(redirect)
+		return err
+	})
+	return r, err
+}
+
+// InPrivateNetns runs fn on a thread of its own in a new network namespace
+// whose loopback is up; the caller's namespace never changes. The thread
+// is left locked, and so ended, afterwards: it is in another namespace.
+func InPrivateNetns(fn func() error) error {
+	ch := make(chan error, 1)
 	go func() {
-		// The thread is left locked (and so ended) afterwards: it is in
-		// another namespace.
 		runtime.LockOSThread()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("making a private network namespace: %w", err)}
+			ch <- fmt.Errorf("making a private network namespace: %w", err)
 			return
 		}
-		r, err := detect(redirect)
-		ch <- result{r, err}
+		if err := loopbackUp(); err != nil {
+			ch <- err
+			return
+		}
+		ch <- fn()
 	}()
-	res := <-ch
-	return res.r, res.err
+	return <-ch
 }
 
 func detect(redirect bool) (Report, error) {
-	if err := loopbackUp(); err != nil {
-		return Report{}, err
-	}
 	var r Report
 	// Each probe on a pair of its own, with bytes just redirected.
 	probes := []struct {
