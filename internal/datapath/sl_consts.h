@@ -273,9 +273,8 @@ enum sl_lowat {
 #define SL_VALVE_LOWAT (16 << 10)
 /* sl_skb cuts a segment's repeated head off in steps of at most
  * SL_SKB_TRIM_STEP bytes (what one bpf_skb_adjust_room may take from an
- * sk_skb), SL_SKB_TRIM_CALLS of them at most: SL_SKB_TRIM_MAX bytes, more
- * than a segment of the largest GSO size the kernel hands a socket
- * (64 KiB; BIG TCP's 185 KiB). */
+ * sk_skb), SL_SKB_TRIM_CALLS of them at most: SL_SKB_TRIM_MAX bytes, four
+ * times the 64 KiB segments a device makes without BIG TCP. */
 #define SL_SKB_TRIM_STEP 0xfffu
 #define SL_SKB_TRIM_CALLS 64
 #define SL_SKB_TRIM_MAX (SL_SKB_TRIM_STEP * SL_SKB_TRIM_CALLS)
