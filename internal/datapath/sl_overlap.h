@@ -6,14 +6,6 @@
 
 #include "sl_conn.h"
 
-/* Cuts the first over bytes off a TCP segment of len bytes that sl_skb is
- * about to pass, when over is positive (the segment starts before the end
- * of the last one passed): a retransmission that straddles the receiver's
- * rcv_nxt, which TCP queues whole (tcp_data_queue) and the kernel hands the
- * verdict whole (tcp_read_skb), so that passed as it is its head would
- * reach the reader twice. A whole segment that repeats (over >= len) is
- * not cut: TCP drops those before queueing, and an empty pass is still a
- * FIN's. */
 /* One whole step of skb_trim_overlap, a bpf_loop callback. */
 struct sl_trim {
 	struct __sk_buff *skb;
@@ -30,6 +22,14 @@ static long trim_step(__u64 i, void *data)
 	return 0;
 }
 
+/* Cuts the first over bytes off a TCP segment of len bytes that sl_skb is
+ * about to pass, when over is positive (the segment starts before the end
+ * of the last one passed): a retransmission that straddles the receiver's
+ * rcv_nxt, which TCP queues whole (tcp_data_queue) and the kernel hands the
+ * verdict whole (tcp_read_skb), so that passed as it is its head would
+ * reach the reader twice. A whole segment that repeats (over >= len) is
+ * not cut: TCP drops those before queueing, and an empty pass is still a
+ * FIN's. */
 static __always_inline void skb_trim_overlap(struct __sk_buff *skb, __u32 over, __u32 len)
 {
 	if ((__s32)over <= 0 || over >= len)
