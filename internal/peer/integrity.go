@@ -111,7 +111,7 @@ func randLen(rng *rand.Rand, avg int64) uint64 {
 }
 
 // A slow receiver starts reading slowReaderStart after the header; the
-// flood to it stops for slowFloodPause halfway.
+// flood to it stops for slowFloodPause at three quarters of its length.
 const (
 	slowReaderStart = 200 * time.Millisecond
 	slowFloodPause  = 300 * time.Millisecond
@@ -122,15 +122,20 @@ func send(s sock, h header, rng *rand.Rand) (uint64, error) {
 	p := newPayload(h.Seed)
 	buf := make([]byte, h.MaxMsg)
 	var sent uint64
-	// A flood to a slow receiver pauses once, halfway, as bursty writers
-	// do, while its reader, slow for the first half, reads at full speed:
-	// it catches up with everything sent, so a writer pushed back through
-	// TCP (the valve) returns to the bypass and its next bytes are
-	// redirected behind TCP's. A flood that never pauses keeps TCP's send
-	// queue full and the valve open to its end.
+	// A flood to a slow receiver pauses once, at three quarters, as
+	// bursty writers do, while its reader, slow for the first half, reads
+	// at full speed: it catches up with everything sent, so a writer
+	// pushed back through TCP (the valve) returns to the bypass and its
+	// next bytes are redirected behind TCP's. A flood that never pauses
+	// keeps TCP's send queue full and the valve open to its end. Pausing
+	// at half a 4 MiB flood left the queue at 2 MiB, twice the tests' 1
+	// MiB backlog limit, not over it: the backlog rule then moved a
+	// writer only if its sends spanned the rule's grace, which a fast
+	// machine's did not (no verdict runs in the pause). At three quarters
+	// the queue passes twice the limit while the writer sends.
 	pauseAt := uint64(math.MaxUint64)
 	if h.Mode == ModeSlowReceiver {
-		pauseAt = h.Length / 2
+		pauseAt = h.Length / 4 * 3
 	}
 	for sent < h.Length {
 		if sent >= pauseAt {

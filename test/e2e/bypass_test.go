@@ -92,7 +92,8 @@ func integrityRun(t *testing.T, in *testutil.Instance, srv, cli *testbed.Pod, li
 	const slow = 4 << 20
 	sum := integrity(t, in, srv, cli, listen, target, *integrityConns, append([]string{"--io", "epoll", "--slow-bytes", strconv.Itoa(slow)}, extra...)...)
 	d := testutil.Delta(before, in.Counters())
-	t.Logf("%d connections, %d bytes sent by the clients, %d redirected, %d through TCP", *integrityConns, sum.Sent, d["redirect_bytes"], d["pass_bytes"])
+	t.Logf("%d connections, %d bytes sent by the clients, %d redirected, %d through TCP (fallback_backlog=%d valve_opens=%d valve_closes=%d)",
+		*integrityConns, sum.Sent, d["redirect_bytes"], d["pass_bytes"], d["fallback_backlog"], d["valve_opens"], d["valve_closes"])
 	n := uint64(*integrityConns)
 	mustAtLeast(t, d, "established_active", n)
 	mustAtLeast(t, d, "established_passive", n)
@@ -115,8 +116,8 @@ func integrityRun(t *testing.T, in *testutil.Instance, srv, cli *testbed.Pod, li
 	mustEqual(t, d, "err_conn_table_full", 0)
 	// Slow receivers' writers were pushed back through TCP by the
 	// valve, which let them back once their readers caught up (each
-	// flood pauses halfway), or went over the 1 MiB limit and moved to
-	// TCP, and their bytes kept order across the switches (where the
+	// flood pauses at three quarters), or went over the 1 MiB limit and
+	// moved to TCP, and their bytes kept order across the switches (where the
 	// kernel counts queued bytes; elsewhere the rule is off and they
 	// all stay in the bypass).
 	switch {
