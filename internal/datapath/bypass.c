@@ -100,6 +100,63 @@ static __always_inline void valve_lowat(struct bpf_sock_ops *skops, struct sl_so
 		st->lowat = SL_LOWAT_OURS;
 }
 
+/* A connection of the bypass runs socket to socket on this node; TCP
+ * carries only what the valve passes, to push its writer back. A
+ * congestion control that paces (BBR) spaces those passes out by a rate it
+ * estimates from a path it hardly sees, and the writer and its reader wait
+ * for it: with BBR, 16 KiB streams on one CPU ran at 0.55-0.65 of the
+ * backlog rule's speed, with reno or cubic on the writer at 0.93-0.99
+ * (docs/benchmarks.md, *The valve waited for BBR's pacing*). So a socket
+ * joining the bypass with the valve on, whose congestion control is BBR,
+ * gets cubic (reno where cubic is not built in) in its established
+ * callback: the kernel then starts cubic instead, and the socket never
+ * paces (a socket BBR started stays paced whatever runs after it). Any
+ * other choice is left alone. */
+static __always_inline void unpace(struct bpf_sock_ops *skops)
+{
+	if (sl_settings.backlog_valve != SL_MODE_ON)
+		return;
+	char cc[SL_TCP_CA_NAME_MAX] = {};
+	if (bpf_getsockopt(skops, SL_SOL_TCP, SL_TCP_CONGESTION, cc, sizeof(cc)))
+		return;
+	if (cc[0] != 'b' || cc[1] != 'b' || cc[2] != 'r' || cc[3])
+		return;
+	char cubic[] = "cubic", reno[] = "reno";
+	if (bpf_setsockopt(skops, SL_SOL_TCP, SL_TCP_CONGESTION, cubic, sizeof(cubic)) &&
+	    bpf_setsockopt(skops, SL_SOL_TCP, SL_TCP_CONGESTION, reno, sizeof(reno)))
+		return;
+	count(SL_C_CC_UNPACED, 1);
+}
+
+/* A SYN a listener of an attached cgroup answers (a request socket, in
+ * BPF_SOCK_OPS_TIMEOUT_INIT): its client, if on this node, learns so from
+ * sl_local_syns at its handshake's end, before its congestion control
+ * starts (on_active), which is too early to find its server joined. */
+static __always_inline void on_syn(struct bpf_sock_ops *skops)
+{
+	if (sl_settings.backlog_valve != SL_MODE_ON || skops->is_fullsock)
+		return;
+	struct sl_tuple self, client;
+	if (tuple_of(skops, &self) < 0)
+		return;
+	reverse(&self, &client);
+	client.local_seq = client.remote_seq = 0;
+	__u8 one = 1;
+	bpf_map_update_elem(&sl_local_syns, &client, &one, BPF_ANY);
+}
+
+/* Whether a client's server answered its SYN from a listener of an
+ * attached cgroup on this node (on_syn); the entry goes. */
+static __always_inline int server_local(const struct sl_tuple *t)
+{
+	struct sl_tuple k = *t;
+	k.local_seq = k.remote_seq = 0;
+	if (!bpf_map_lookup_elem(&sl_local_syns, &k))
+		return 0;
+	bpf_map_delete_elem(&sl_local_syns, &k);
+	return 1;
+}
+
 static __always_inline void on_active(struct bpf_sock_ops *skops)
 {
 	struct sl_tuple t;
@@ -222,6 +279,8 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	}
 	st->in_map = 1;
+	if (sl_settings.backlog_valve == SL_MODE_ON && server_local(&t))
+		unpace(skops);
 	struct sl_conn_ref ref = {.slot = slot, .gen = gen};
 	if (bpf_map_update_elem(&sl_conn_index, &t, &ref, BPF_ANY)) {
 		count(SL_C_ERR_INDEX, 1);
@@ -338,6 +397,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	c->path[SL_ROLE_SERVER] = SL_PATH_BYPASS;
 	count(SL_C_CONNS_BYPASSED, 1);
 	conn_event(c, SL_EV_BYPASS, 0, 0, SL_ROLE_SERVER);
+	unpace(skops);
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
 }
 
@@ -552,6 +612,9 @@ int sl_sockops(struct bpf_sock_ops *skops)
 		break;
 	case BPF_SOCK_OPS_TCP_CONNECT_CB:
 		on_connect(skops);
+		break;
+	case BPF_SOCK_OPS_TIMEOUT_INIT:
+		on_syn(skops);
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
 		if (skops->args[1] != BPF_TCP_CLOSE)

@@ -150,12 +150,13 @@ const (
 	bypassSlCounterSL_C_SKB_OVERLAPS            bypassSlCounter = 41
 	bypassSlCounterSL_C_SKB_OVERLAP_BYTES       bypassSlCounter = 42
 	bypassSlCounterSL_C_ERR_SKB_TRIM            bypassSlCounter = 43
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 44
+	bypassSlCounterSL_C_CC_UNPACED              bypassSlCounter = 44
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 45
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [44]uint64
+	C [45]uint64
 }
 
 type bypassSlDefaults uint32
@@ -249,7 +250,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 39
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 40
 )
 
 type bypassSlListener struct {
@@ -451,6 +452,7 @@ const (
 	bypassMapSlKernel        = "sl_kernel"
 	bypassMapSlLayout        = "sl_layout"
 	bypassMapSlListeners     = "sl_listeners"
+	bypassMapSlLocalSyns     = "sl_local_syns"
 	bypassMapSlOwners        = "sl_owners"
 	bypassMapSlSigScratch    = "sl_sig_scratch"
 	bypassMapSlSkState       = "sl_sk_state"
@@ -537,6 +539,7 @@ type bypassMapSpecs struct {
 	SlKernel       *ebpf.MapSpec `ebpf:"sl_kernel"`
 	SlLayout       *ebpf.MapSpec `ebpf:"sl_layout"`
 	SlListeners    *ebpf.MapSpec `ebpf:"sl_listeners"`
+	SlLocalSyns    *ebpf.MapSpec `ebpf:"sl_local_syns"`
 	SlOwners       *ebpf.MapSpec `ebpf:"sl_owners"`
 	SlSigScratch   *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
 	SlSkState      *ebpf.MapSpec `ebpf:"sl_sk_state"`
@@ -589,6 +592,7 @@ type bypassMaps struct {
 	SlKernel       *ebpf.Map `ebpf:"sl_kernel"`
 	SlLayout       *ebpf.Map `ebpf:"sl_layout"`
 	SlListeners    *ebpf.Map `ebpf:"sl_listeners"`
+	SlLocalSyns    *ebpf.Map `ebpf:"sl_local_syns"`
 	SlOwners       *ebpf.Map `ebpf:"sl_owners"`
 	SlSigScratch   *ebpf.Map `ebpf:"sl_sig_scratch"`
 	SlSkState      *ebpf.Map `ebpf:"sl_sk_state"`
@@ -615,6 +619,7 @@ func (m *bypassMaps) Close() error {
 		m.SlKernel,
 		m.SlLayout,
 		m.SlListeners,
+		m.SlLocalSyns,
 		m.SlOwners,
 		m.SlSigScratch,
 		m.SlSkState,

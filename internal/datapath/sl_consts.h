@@ -69,6 +69,8 @@ enum sl_counter {
 	SL_C_ERR_SKB_TRIM,            /* such heads that could not be cut off (the kernel could not pull
 				       * them, or longer than SL_SKB_TRIM_MAX), or a socket whose segments
 				       * could not be followed (sl_skb_seqs full): delivered twice */
+	SL_C_CC_UNPACED,              /* bypassed sockets whose congestion control paces (BBR) given one
+				       * that does not before it started (unpace in bypass.c) */
 	SL_C_MAX,
 };
 
@@ -78,7 +80,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 39,
+	SL_LAYOUT_VERSION = 40,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -278,6 +280,10 @@ enum sl_lowat {
 #define SL_SKB_TRIM_STEP 0xfffu
 #define SL_SKB_TRIM_CALLS 64
 #define SL_SKB_TRIM_MAX (SL_SKB_TRIM_STEP * SL_SKB_TRIM_CALLS)
+/* SYNs a listener of an attached cgroup answered, kept for their clients
+ * (sl_local_syns): a client of this node finds its own at its handshake's
+ * end, microseconds later; the rest (clients on other nodes) age out. */
+#define SL_MAX_SYNS 16384
 /* A socket whose incoming direction moved to TCP leaves the map once what
  * was redirected to it is read; from its first transmit that found it busy
  * a timer re-checks, every SL_EVICT_CHECK_NS for SL_EVICT_STEP checks, then

@@ -65,6 +65,8 @@ struct sock {
 #define SL_O_NONBLOCK 04000
 #define SL_SOL_TCP 6
 #define SL_TCP_NOTSENT_LOWAT 25
+#define SL_TCP_CONGESTION 13
+#define SL_TCP_CA_NAME_MAX 16
 #define SL_CLOCK_MONOTONIC 1
 
 /* msg_tot_len: bytes redirected into a socket and not yet read.

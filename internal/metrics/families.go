@@ -43,6 +43,7 @@ var (
 	famMsgBudget     = family{"message_budget_total", "Sends that found their receiver's queue holding its budget of messages (4,096: each redirected send pins a KiB of kernel memory until read, charged to no cgroup): the valve opened, or the direction moved to TCP (fallbacks_total{reason=\"backlog\"}).", prometheus.CounterValue, nil}
 	famOverlaps      = family{"tcp_overlaps_trimmed_total", "TCP segments passed to a socket in the bypass map (--slow-readers valve) whose head repeated bytes already passed, a retransmission straddling what had arrived: the kernel hands such a segment whole to the socket's sk_skb verdict, which cut the repeated head off so that it reaches the reader once (an overlap that could not be cut is datapath_errors_total{error=\"skb_trim\"}).", prometheus.CounterValue, nil}
 	famOverlapBytes  = family{"tcp_overlap_trimmed_bytes_total", "The bytes cut off those segments (tcp_overlaps_trimmed_total).", prometheus.CounterValue, nil}
+	famUnpaced       = family{"congestion_unpaced_total", "Bypassed sockets whose congestion control paces its sends (BBR) given cubic (reno where cubic is not built in) before it started, where the valve runs (--slow-readers valve): TCP carries only the valve's pushback on a socket-to-socket path, and pacing made the writer and its reader wait for it. Other congestion controls are left alone.", prometheus.CounterValue, nil}
 	famSockets       = family{"bypassed_sockets", "Sockets currently in the bypass map.", prometheus.GaugeValue, nil}
 
 	famLBEvents    = family{"lb_events_total", "Service load balancer events, by event: selected (backends chosen), no_backend (connects and sends refused), affinity_hits, terminating_used, udp_reversed (reply sources turned back into the VIP), peername (getpeername answers turned back into the VIP), conns_tracked (connected sockets recorded for destruction), nat_evicted (a UDP socket's least recently used VIP translation dropped: it talks to more than 32 VIPs), pick_ambiguous (a UDP socket's pick whose backend already answers for another of its VIPs, no other backend to be had), bank_retry (a pick that read the frontend again because an apply published new backends meanwhile), out_of_scope (connects and sends to a service address left to the node's per-packet proxy: --service-lb-scope host, or a pod opted out).", prometheus.CounterValue, []string{"event"}}
@@ -63,7 +64,7 @@ var (
 
 var families = []family{
 	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
-	famFallbacks, famBlockingQuiet, famValve, famValveBytes, famSmallNoDelay, famMsgBudget, famOverlaps, famOverlapBytes, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
+	famFallbacks, famBlockingQuiet, famValve, famValveBytes, famSmallNoDelay, famMsgBudget, famOverlaps, famOverlapBytes, famUnpaced, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
 	famPolEvents, famPolVerdict, famPortEvents,
@@ -123,6 +124,7 @@ var bypassCounters = map[string]counterRef{
 	"skb_overlaps":            {famOverlaps, ""},
 	"skb_overlap_bytes":       {famOverlapBytes, ""},
 	"err_skb_trim":            {famDPErrors, "skb_trim"},
+	"cc_unpaced":              {famUnpaced, ""},
 }
 
 // lbCounters does the same for enum sl_lb_counter.

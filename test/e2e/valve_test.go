@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -334,4 +335,97 @@ func netstat(t *testing.T, p *testbed.Pod, group string, names ...string) []uint
 	}
 	t.Fatalf("pod %s: no %s counters %v in /proc/net/netstat or snmp", p.Name, group, names)
 	return nil
+}
+
+// TestValveUnpaced: a bypassed connection's TCP carries only what the valve
+// passes to push its writer back, and BBR's pacing made the writer and its
+// reader wait for it (16 KiB streams on one CPU at 0.55-0.65 of the backlog
+// rule's speed). Where the valve runs, both ends of a connection joining the
+// bypass under BBR get cubic (or reno) before BBR starts, counted in
+// cc_unpaced; a client whose server is not in an attached cgroup (for all
+// the client knows, on another node), and every socket under the backlog
+// rule, keep BBR. The pods' namespaces run BBR, as the nodes of clusters
+// that choose it do.
+func TestValveUnpaced(t *testing.T) {
+	if !valveKernel(t) {
+		t.Skip("this kernel cannot run the valve (TestSlowReaderValve checks it is refused): nothing is unpaced without it")
+	}
+	tests := []struct {
+		name        string
+		settings    []string
+		serverOut   bool // the server's pod is not attached
+		client, srv string
+		unpaced     uint64
+	}{
+		{"bypassed, the valve", nil, false, "cubic|reno", "cubic|reno", 2},
+		{"server not attached", nil, true, "bbr", "bbr", 0},
+		{"bypassed, the backlog rule", []string{"--slow-readers", "tcp"}, false, "bbr", "bbr", 0},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := testutil.Bed(t)
+			in := testutil.NewInstance(t)
+			in.Settings = append(in.Settings, tt.settings...)
+			srv, cli := testutil.Pod(t, b, "server"), testutil.Pod(t, b, "client")
+			for _, p := range []*testbed.Pod{srv, cli} {
+				cmd, err := p.Command("sysctl", "-w", "net.ipv4.tcp_congestion_control=bbr")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out, err := cmd.CombinedOutput(); err != nil {
+					if os.Getenv("CI") == "" || strings.Contains(string(out), "No such file") {
+						t.Skipf("BBR cannot be chosen in a pod's network namespace here: %v: %s", err, out)
+					}
+					t.Fatalf("choosing BBR in pod %s: %v: %s", p.Name, err, out)
+				}
+			}
+			if tt.serverOut {
+				in.Attach(cli)
+			} else {
+				in.Attach(srv, cli)
+			}
+			port := 7790 + i
+			at := fmt.Sprintf("0.0.0.0:%d", port)
+			start(t, srv, in.Bin, "peer", "sink", at)
+			waitPort(t, srv, at)
+			before := in.Counters()
+			st := start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, port), "--size", "16384", "--count", "0", "--duration", "1500ms")
+			time.Sleep(500 * time.Millisecond)
+			gotCli := congestion(t, cli, fmt.Sprintf("dport = :%d", port))
+			gotSrv := congestion(t, srv, fmt.Sprintf("sport = :%d", port))
+			if err := st.wait(t, time.Minute); err != nil {
+				t.Fatalf("stream: %v: %s", err, st.err.String())
+			}
+			d := testutil.Delta(before, in.Counters())
+			t.Logf("client %s, server %s; %v", gotCli, gotSrv, nonzero(d))
+			if !regexp.MustCompile("^(" + tt.client + ")$").MatchString(gotCli) {
+				t.Errorf("the client's congestion control is %s, want %s", gotCli, tt.client)
+			}
+			if !regexp.MustCompile("^(" + tt.srv + ")$").MatchString(gotSrv) {
+				t.Errorf("the server's congestion control is %s, want %s", gotSrv, tt.srv)
+			}
+			mustEqual(t, d, "cc_unpaced", tt.unpaced)
+			if !tt.serverOut {
+				mustAtLeast(t, d, "conns_bypassed", 1)
+			}
+		})
+	}
+}
+
+var ssCongestionRE = regexp.MustCompile(`\s([a-z0-9_]+) wscale:`)
+
+// congestion is the congestion control of the one established socket that
+// filter selects in p's network namespace, from ss.
+func congestion(t *testing.T, p *testbed.Pod, filter string) string {
+	t.Helper()
+	cmd, err := p.Command("ss", "-Htin", "state", "established", filter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.Output()
+	m := ssCongestionRE.FindAllStringSubmatch(string(out), -1)
+	if err != nil || len(m) != 1 {
+		t.Fatalf("ss in pod %s (%s): %v: %q", p.Name, filter, err, out)
+	}
+	return m[0][1]
 }
