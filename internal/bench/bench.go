@@ -220,9 +220,12 @@ type ProgStat struct {
 type Report struct {
 	Started time.Time `json:"started"`
 	Kernel  string    `json:"kernel"`
-	CPUs    int       `json:"cpus"`
-	Reps    int       `json:"reps"`
-	IO      peer.IO   `json:"io"`
+	// Congestion is the host's TCP congestion control, which the pods'
+	// namespaces inherit when created (and TCP's numbers depend on).
+	Congestion string  `json:"congestion,omitempty"`
+	CPUs       int     `json:"cpus"`
+	Reps       int     `json:"reps"`
+	IO         peer.IO `json:"io"`
 	// BypassBrief: brief connections joined the bypass (--bypass-brief).
 	BypassBrief bool `json:"bypass_brief,omitempty"`
 	// BypassSmallStreams: streams of small sends stayed in the bypass
@@ -366,7 +369,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 
-	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief,
+	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), Congestion: congestion(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief,
 		BypassSmallStreams: o.BypassSmallStreams, DefaultSettings: o.DefaultSettings, Scenarios: map[string]string{}}
 	if rep.Settings, err = dp.Settings(); err != nil {
 		return nil, fmt.Errorf("reading the datapath's settings: %w", err)
@@ -454,6 +457,15 @@ func kernel() string {
 		return ""
 	}
 	return unix.ByteSliceToString(u.Release[:])
+}
+
+// congestion is the host's net.ipv4.tcp_congestion_control ("" if unread).
+func congestion() string {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func cpus() int {

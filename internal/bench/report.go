@@ -65,6 +65,9 @@ func (r *Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "Kernel %s, %d CPUs; medians of %d interleaved repetitions of every path a table compares; socklane's own peers use %s socket I/O.\n", r.Kernel, r.CPUs, r.Reps, r.IO)
+	if r.Congestion != "" {
+		fmt.Fprintf(w, "TCP's congestion control: %s (the pods' namespaces inherit the host's; where the valve runs, bypassed sockets under BBR run cubic instead, which does not pace the valve's passes).\n", r.Congestion)
+	}
 	if r.BypassBrief {
 		fmt.Fprintln(w, "Every connection joined the bypass, brief ones too (--bypass-brief).")
 	}

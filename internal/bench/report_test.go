@@ -35,8 +35,8 @@ func TestMarkdownNotes(t *testing.T) {
 	}{
 		{
 			name: "the valve in one run of two",
-			rep:  Report{BPFStats: true, Cases: []*Case{valve}, Settings: datapath.Settings{BacklogValve: datapath.ModeOn}},
-			want: []string{"### Bypass runs in which the valve pushed the writer back through TCP",
+			rep:  Report{BPFStats: true, Congestion: "bbr", Cases: []*Case{valve}, Settings: datapath.Settings{BacklogValve: datapath.ModeOn}},
+			want: []string{"### Bypass runs in which the valve pushed the writer back through TCP", "TCP's congestion control: bbr",
 				"| One-way stream throughput | 1024 | pod-to-pod | same-cpu | 1 of 2 | 3 | 12.5% |"},
 			dontWant: []string{"moved to TCP (receiver"},
 		},
@@ -44,7 +44,7 @@ func TestMarkdownNotes(t *testing.T) {
 			name:     "no fallback, statistics on",
 			rep:      Report{BPFStats: true, Cases: []*Case{stream(0, 0, 0)}},
 			want:     []string{"### iperf3 throughput, pod-to-pod, same-cpu"},
-			dontWant: []string{"moved to TCP", "statistics were off", "the valve"},
+			dontWant: []string{"moved to TCP", "statistics were off", "the valve", "congestion control"},
 		},
 		{
 			name: "fallback in two runs of three",
