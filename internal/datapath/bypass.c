@@ -105,13 +105,13 @@ static __always_inline void valve_lowat(struct bpf_sock_ops *skops, struct sl_so
  * congestion control that paces (BBR) spaces those passes out by a rate it
  * estimates from a path it hardly sees, and the writer and its reader wait
  * for it: with BBR, 16 KiB streams on one CPU ran at 0.55-0.65 of the
- * backlog rule's speed, with reno or cubic on the writer at 0.93-0.99
+ * backlog rule's speed, with reno on the writer at 0.93-1.02
  * (docs/benchmarks.md, *The valve waited for BBR's pacing*). So a socket
  * joining the bypass with the valve on, whose congestion control is BBR,
  * gets cubic (reno where cubic is not built in) in its established
  * callback: the kernel then starts cubic instead, and the socket never
- * paces (a socket BBR started stays paced whatever runs after it). Any
- * other choice is left alone. */
+ * paces (BBR marks a socket for pacing when it starts, and by the kernel's
+ * code nothing clears the mark). Any other choice is left alone. */
 static __always_inline void unpace(struct bpf_sock_ops *skops)
 {
 	if (sl_settings.backlog_valve != SL_MODE_ON)
