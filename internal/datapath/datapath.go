@@ -109,6 +109,8 @@ func Open(cfg Config) (*Datapath, error) {
 			return nil, fmt.Errorf("--slow-readers valve: kernel %s cannot hold a writer at its reader's buffer: %s: use --slow-readers tcp", f.Kernel, why)
 		}
 	}
+	_, statErr := os.Stat(cfg.PinDir)
+	made := errors.Is(statErr, os.ErrNotExist)
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating pin directory: %w", err)
 	}
@@ -119,6 +121,11 @@ func Open(cfg Config) (*Datapath, error) {
 	}
 	d, err := open(cfg, f, types)
 	if err != nil {
+		// A failed load leaves no directory of its own behind (only
+		// an empty one is removed: what it pinned was, see create).
+		if made {
+			_ = os.Remove(cfg.PinDir)
+		}
 		return nil, err
 	}
 	// Every collection is loaded: the decoded kernel types (tens of MB
@@ -170,7 +177,15 @@ func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 	if d.layout, err = layoutOf(spec, bypassVarSlSettings); err != nil {
 		return nil, err
 	}
+	before, err := pinNames(cfg.PinDir)
+	if err != nil {
+		return nil, err
+	}
 	if err := spec.LoadAndAssign(&d.objs, d.loadOptions()); err != nil {
+		// The maps created before the failure are pinned already.
+		if uerr := unpinNew(cfg.PinDir, before); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("loading datapath (verifier rejected it, the kernel lacks a needed feature): %+v", ve)

@@ -71,6 +71,42 @@ func ownPins() (map[string]bool, error) {
 	return own, nil
 }
 
+// pinNames is what dir holds now (nil if it does not exist).
+func pinNames(dir string) (map[string]bool, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("reading %s: %w", dir, err)
+	}
+	names := map[string]bool{}
+	for _, e := range entries {
+		names[e.Name()] = true
+	}
+	return names, nil
+}
+
+// unpinNew removes socklane's pins in dir that are not in before: what a
+// creation that failed part way had pinned (the loader pins each map as it
+// creates it, and a later map or program may be refused). Anything dir
+// held before stays.
+func unpinNew(dir string, before map[string]bool) error {
+	own, err := ownPins()
+	if err != nil {
+		return err
+	}
+	now, err := pinNames(dir)
+	if err != nil {
+		return err
+	}
+	for n := range now {
+		if own[n] && !before[n] {
+			if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("unpinning %s: %w", filepath.Join(dir, n), err)
+			}
+		}
+	}
+	return nil
+}
+
 // removeOwn unpins socklane's objects from dir and removes dir if nothing
 // else is left in it. Whatever another program pinned there stays, and is
 // named in the error.
