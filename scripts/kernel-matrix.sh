@@ -71,7 +71,7 @@ fi
 # times slower): this list keeps CI's cold run near 40 minutes.
 read -r -a bins <<< "${SOCKLANE_MATRIX_TESTS:-kerneltest datapath sockbugs statesync e2e}"
 e2e_run='^(TestBypassIntegrity|TestBlockingIO|TestLoopbackNamespaceIsolation|TestRemotePeerNotRedirected'
-e2e_run+='|TestServiceLB|TestBacklogGrace|TestSlowReaderValve|TestValveUnpaced|TestMessageBudget|TestFastOpenOrder'
+e2e_run+='|TestServiceLB|TestBacklogGrace|TestSlowReaderValve|TestValveUnpaced|TestValveWindow|TestMessageBudget|TestFastOpenOrder'
 e2e_run+='|TestBypassAuto|TestEvents|TestPolicyTruthTable|TestPortsSideBySide|TestDownRemovesOnlyOwnPins|TestNginx)$'
 e2e_run="${SOCKLANE_MATRIX_E2E:-$e2e_run}"
 root="$work/root"

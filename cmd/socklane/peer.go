@@ -164,6 +164,10 @@ func newPeerCmd() *cobra.Command {
 	stream.Flags().DurationVar(&duration, "duration", time.Second, "how long to send when --count is 0")
 	stream.Flags().DurationVar(&streamOpts.Interval, "interval", 0, "pause after each write")
 	stream.Flags().IntVar(&streamOpts.Large, "large", 0, "after the first write, one of this many bytes (its verdict window may cover the next writes)")
+	stream.Flags().IntVar(&streamOpts.TailSize, "tail-size", 16, "bytes per write of the tail (--tail-count)")
+	stream.Flags().IntVar(&streamOpts.TailCount, "tail-count", 0, "writes of --tail-size bytes after the stream's")
+	stream.Flags().DurationVar(&streamOpts.TailPause, "tail-pause", 0, "pause before the tail")
+	stream.Flags().BoolVar(&streamOpts.Window, "window", false, "report the window the sink's TCP last offered (TCP_INFO snd_wnd) after the stream's writes (snd_wnd) and after the tail's (tail_snd_wnd)")
 	stream.Flags().IntVar(&streamOpts.NoDelay, "nodelay", 0, "TCP_NODELAY on the writer's socket: 1 on, -1 off (Nagle), 0 the default (on with netpoll, as Go sets it; off with blocking sockets)")
 	connects := benchCmd("connects", func(ctx context.Context, addr string, mode peer.IO) (any, error) {
 		return peer.Connects(ctx, addr, mode, size, count)

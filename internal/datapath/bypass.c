@@ -100,6 +100,51 @@ static __always_inline void valve_lowat(struct bpf_sock_ops *skops, struct sl_so
 		st->lowat = SL_LOWAT_OURS;
 }
 
+/* While the valve may pass its peer's sends (want: valve on, the socket in
+ * the map and its incoming direction not moved to TCP), a socket's TCP
+ * offers its peer at most SL_VALVE_WINDOW: redirected bytes send no ACK, so
+ * each time the valve opens the writer's TCP sends at once the whole
+ * window its reader last offered (170-270 KB under autotuning), and those
+ * bytes take the slow way while the writer does not sleep: 3.7% of 16 KiB
+ * one-CPU streams' bytes went through TCP, 1.7% with the clamp
+ * (docs/benchmarks.md, *The valve's window, clamped*). Run at the socket's
+ * transmits, the ACKs of what the valve passed among them: autotuning
+ * raises the clamp with the buffer (tcp_rcv_space_adjust), and the next
+ * transmit lowers it again. The clamp it replaced, the largest seen, is
+ * given back once the valve can no longer pass (leaving), unless the
+ * application or autotuning set another since; a clamp the application
+ * set at or below SL_VALVE_WINDOW is left alone. A socket that leaves the
+ * map without a transmit (socklane down --force) keeps the clamp until
+ * autotuning raises it. */
+static __always_inline void valve_window(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct sl_sock *st, int want)
+{
+	if (!want && !st->clamped)
+		return;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	__u32 clamp = tp->window_clamp;
+	int v;
+	if (!want) {
+		st->clamped = 0;
+		count(SL_C_VALVE_UNCLAMPS, 1);
+		if (clamp != SL_VALVE_WINDOW || st->clamp_saved <= clamp)
+			return;
+		v = st->clamp_saved;
+		bpf_setsockopt(skops, SL_SOL_TCP, SL_TCP_WINDOW_CLAMP, &v, sizeof(v));
+		return;
+	}
+	if (clamp <= SL_VALVE_WINDOW)
+		return;
+	if (!st->clamped || clamp > st->clamp_saved)
+		st->clamp_saved = clamp;
+	v = SL_VALVE_WINDOW;
+	if (!bpf_setsockopt(skops, SL_SOL_TCP, SL_TCP_WINDOW_CLAMP, &v, sizeof(v))) {
+		st->clamped = 1;
+		count(SL_C_VALVE_CLAMPS, 1);
+	}
+}
+
 /* A connection of the bypass runs socket to socket on this node; TCP
  * carries only what the valve passes, to push its writer back. A
  * congestion control that paces (BBR) spaces those passes out by a rate it
@@ -563,6 +608,8 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 			}
 		}
 	}
+	if (sl_settings.backlog_valve == SL_MODE_ON)
+		valve_window(skops, sk, st, st->in_map && !st->evict && st->slot != SL_NO_SLOT);
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
 		 * and not yet read: wait until that is empty, and until the

@@ -151,12 +151,14 @@ const (
 	bypassSlCounterSL_C_SKB_OVERLAP_BYTES       bypassSlCounter = 42
 	bypassSlCounterSL_C_ERR_SKB_TRIM            bypassSlCounter = 43
 	bypassSlCounterSL_C_CC_UNPACED              bypassSlCounter = 44
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 45
+	bypassSlCounterSL_C_VALVE_CLAMPS            bypassSlCounter = 45
+	bypassSlCounterSL_C_VALVE_UNCLAMPS          bypassSlCounter = 46
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 47
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [45]uint64
+	C [47]uint64
 }
 
 type bypassSlDefaults uint32
@@ -250,7 +252,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 40
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 41
 )
 
 type bypassSlListener struct {
@@ -403,7 +405,10 @@ type bypassSlSock struct {
 	WinBytes    uint32
 	NodelaySeen uint8
 	ValveQuota  uint8
-	Pad         [2]uint8
+	Clamped     uint8
+	Pad         uint8
+	ClampSaved  uint32
+	Pad2        uint32
 }
 
 type bypassSlTuple struct {

@@ -71,6 +71,11 @@ enum sl_counter {
 				       * could not be followed (sl_skb_seqs full): delivered twice */
 	SL_C_CC_UNPACED,              /* bypassed sockets whose congestion control paces (BBR) given one
 				       * that does not before it started (unpace in bypass.c) */
+	SL_C_VALVE_CLAMPS,            /* bypassed sockets' TCP windows clamped to SL_VALVE_WINDOW, at
+				       * their transmits (again after autotuning raised the clamp) */
+	SL_C_VALVE_UNCLAMPS,          /* such windows' clamps ended (the socket's incoming direction moved
+				       * to TCP, or it left the map): given back, unless the application
+				       * or autotuning had set another since */
 	SL_C_MAX,
 };
 
@@ -80,7 +85,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 40,
+	SL_LAYOUT_VERSION = 41,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -273,6 +278,12 @@ enum sl_lowat {
 	SL_LOWAT_OURS = 2,   /* set for the open valve, cleared when it closes */
 };
 #define SL_VALVE_LOWAT (16 << 10)
+/* The window a bypassed socket's TCP offers its peer while the valve may
+ * pass the peer's sends (TCP_WINDOW_CLAMP; valve_window in bypass.c):
+ * redirected bytes send no ACK, so each time the valve opens the writer's
+ * TCP sends the whole window the reader last offered, 170-270 KB under
+ * autotuning, and those bytes go the slow way. */
+#define SL_VALVE_WINDOW (64 << 10)
 /* sl_skb cuts a segment's repeated head off in steps of at most
  * SL_SKB_TRIM_STEP bytes (what one bpf_skb_adjust_room may take from an
  * sk_skb), SL_SKB_TRIM_CALLS of them at most: SL_SKB_TRIM_MAX bytes, four

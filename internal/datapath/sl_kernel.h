@@ -65,6 +65,7 @@ struct sock {
 #define SL_O_NONBLOCK 04000
 #define SL_SOL_TCP 6
 #define SL_TCP_NOTSENT_LOWAT 25
+#define SL_TCP_WINDOW_CLAMP 10
 #define SL_TCP_CONGESTION 13
 #define SL_TCP_CA_NAME_MAX 16
 #define SL_CLOCK_MONOTONIC 1
@@ -114,6 +115,7 @@ struct tcp_sock {
 	__u32 rcv_nxt;
 	__u32 rcv_wup;
 	__u32 rcv_wnd;
+	__u32 window_clamp;
 	__u8 nonagle;
 } __attribute__((preserve_access_index));
 

@@ -205,7 +205,10 @@ struct sl_sock {
 			  * without one (small_stream) */
 	__u8 nodelay_seen; /* this stream was counted as kept for TCP_NODELAY (small_stream) */
 	__u8 valve_quota;  /* the valve opened for the owner's quota of messages (msgs_quota) */
-	__u8 pad[2];
+	__u8 clamped;      /* this socket's TCP window is the valve's (valve_window) */
+	__u8 pad;
+	__u32 clamp_saved; /* the TCP_WINDOW_CLAMP the valve's replaced, restored when it ends */
+	__u32 pad2;
 };
 
 /* sl_skb_seqs' value: the sequence number after the last TCP segment

@@ -38,7 +38,7 @@ var (
 	famQuota         = family{"quota_refusals_total", "Entries of node-wide tables refused to an owner (a cgroup) holding its quota, by table; `socklane status` names the owners.", prometheus.CounterValue, []string{"table"}}
 	famBlockingQuiet = family{"blocking_quiet_total", "Decisions that let an end reading in blocking mode into the bypass because its process handles no signal that can interrupt a read (--blocking-sockets per-process); such ends are otherwise kept on TCP (fallbacks_total{reason=\"blocking\"}).", prometheus.CounterValue, nil}
 	famValveBytes    = family{"valve_passed_bytes_total", "Bytes of bypassed connections the open valve passed to TCP while their reader caught up (--slow-readers valve; also in passed_bytes_total).", prometheus.CounterValue, nil}
-	famValve         = family{"valve_total", "Valve transitions (--slow-readers valve), by event: opens (a reader's queue neared the valve's limit: its writer's sends pass to TCP, whose window paces it) and closes (the reader caught up: the sends are redirected again).", prometheus.CounterValue, []string{"event"}}
+	famValve         = family{"valve_total", "Valve transitions (--slow-readers valve), by event: opens (a reader's queue neared the valve's limit: its writer's sends pass to TCP, whose window paces it), closes (the reader caught up: the sends are redirected again), clamps (a bypassed socket's TCP window clamped to 64 KiB, so that an opening sends that much through TCP, not the whole window autotuning offered) and unclamps (its clamp ended, the valve no longer passing into it: given back, unless autotuning or the application had set another).", prometheus.CounterValue, []string{"event"}}
 	famSmallNoDelay  = family{"small_stream_nodelay_total", "Fast one-way streams of small sends kept in the bypass because their writer set TCP_NODELAY (TCP would send each write as a segment of its own); with Nagle on they move to TCP (fallbacks_total{reason=\"small_stream\"}, --small-streams tcp).", prometheus.CounterValue, nil}
 	famMsgBudget     = family{"message_budget_total", "Sends that found their receiver's queue holding its budget of messages (4,096: each redirected send pins a KiB of kernel memory until read, charged to no cgroup): the valve opened, or the direction moved to TCP (fallbacks_total{reason=\"backlog\"}).", prometheus.CounterValue, nil}
 	famOverlaps      = family{"tcp_overlaps_trimmed_total", "TCP segments passed to a socket in the bypass map (--slow-readers valve) whose head repeated bytes already passed, a retransmission straddling what had arrived: the kernel hands such a segment whole to the socket's sk_skb verdict, which cut the repeated head off so that it reaches the reader once (an overlap that could not be cut is datapath_errors_total{error=\"skb_trim\"}).", prometheus.CounterValue, nil}
@@ -118,6 +118,8 @@ var bypassCounters = map[string]counterRef{
 	"fallback_opted_out":      {famFallbacks, "opted_out"},
 	"valve_opens":             {famValve, "opens"},
 	"valve_closes":            {famValve, "closes"},
+	"valve_clamps":            {famValve, "clamps"},
+	"valve_unclamps":          {famValve, "unclamps"},
 	"valve_bytes":             {famValveBytes, ""},
 	"small_stream_nodelay":    {famSmallNoDelay, ""},
 	"msg_budget":              {famMsgBudget, ""},

@@ -262,6 +262,11 @@ type Throughput struct {
 	Seconds float64 `json:"seconds"`
 	MBps    float64 `json:"mb_per_s"`   // 10^6 bytes per second, as received
 	MsgRate float64 `json:"msgs_per_s"` // writes per second
+	// SndWnd is the window the sink's TCP last offered the writer
+	// (TCP_INFO's tcpi_snd_wnd) once the stream's writes were done, and
+	// TailSndWnd once its tail's were (StreamOpts.TailCount).
+	SndWnd     uint32 `json:"snd_wnd,omitempty"`
+	TailSndWnd uint32 `json:"tail_snd_wnd,omitempty"`
 }
 
 // Stream writes size-byte messages to a sink for d (or count messages if
@@ -283,6 +288,12 @@ type StreamOpts struct {
 	// large send opens a verdict window that may cover the writes after
 	// it unseen.
 	Large int
+	// TailCount writes of TailSize bytes follow the stream's (after its
+	// count or duration), with a pause of TailPause before them.
+	TailSize, TailCount int
+	TailPause           time.Duration
+	// Window reports the sink's window (Throughput.SndWnd).
+	Window bool
 }
 
 // StreamPaced is Stream as opts say.
@@ -320,6 +331,26 @@ func StreamPaced(ctx context.Context, addr string, mode IO, size int, d time.Dur
 			time.Sleep(interval)
 		}
 	}
+	var res Throughput
+	if opts.Window {
+		if res.SndWnd, err = sendWindow(c); err != nil {
+			return Throughput{}, err
+		}
+	}
+	tail := make([]byte, opts.TailSize)
+	if opts.TailCount > 0 {
+		time.Sleep(opts.TailPause)
+	}
+	for range opts.TailCount {
+		if _, err := c.Write(tail); err != nil {
+			return Throughput{}, fmt.Errorf("writing the tail: %w", err)
+		}
+	}
+	if opts.Window && opts.TailCount > 0 {
+		if res.TailSndWnd, err = sendWindow(c); err != nil {
+			return Throughput{}, err
+		}
+	}
 	if err := c.CloseWrite(); err != nil {
 		return Throughput{}, fmt.Errorf("half-closing: %w", err)
 	}
@@ -329,10 +360,35 @@ func StreamPaced(ctx context.Context, addr string, mode IO, size int, d time.Dur
 	}
 	secs := time.Since(start).Seconds()
 	n := binary.BigEndian.Uint64(b[:])
-	if want := uint64(msgs)*uint64(size) + uint64(max(opts.Large, 0)); n != want {
+	if want := uint64(msgs)*uint64(size) + uint64(max(opts.Large, 0)) + uint64(opts.TailCount)*uint64(opts.TailSize); n != want {
 		return Throughput{}, fmt.Errorf("sink received %d bytes, %d were sent", n, want)
 	}
-	return Throughput{Size: size, Bytes: n, Seconds: secs, MBps: float64(n) / secs / 1e6, MsgRate: float64(msgs) / secs}, nil
+	res.Size, res.Bytes, res.Seconds, res.MBps, res.MsgRate = size, n, secs, float64(n)/secs/1e6, float64(msgs)/secs
+	return res, nil
+}
+
+// sendWindow is the window c's peer last offered (TCP_INFO's tcpi_snd_wnd).
+func sendWindow(c benchConn) (uint32, error) {
+	var info *unix.TCPInfo
+	var err error
+	switch s := c.(type) {
+	case *net.TCPConn:
+		rc, serr := s.SyscallConn()
+		if serr != nil {
+			return 0, serr
+		}
+		if cerr := rc.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); cerr != nil {
+			return 0, cerr
+		}
+	case *blockingSock:
+		info, err = unix.GetsockoptTCPInfo(s.fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	default:
+		return 0, fmt.Errorf("a %T has no TCP_INFO", c)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading TCP_INFO: %w", err)
+	}
+	return info.Snd_wnd, nil
 }
 
 // Connects measures short connections against an echo server: connect, one

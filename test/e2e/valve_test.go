@@ -14,6 +14,7 @@ import (
 
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/node"
+	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
 )
@@ -461,4 +462,77 @@ func congestion(t *testing.T, p *testbed.Pod, filter string) string {
 		t.Fatalf("ss in pod %s (%s): %v: %q", p.Name, filter, err, out)
 	}
 	return m[0][1]
+}
+
+// TestValveWindow: where the valve may pass a socket's incoming direction,
+// the socket's TCP offers its writer at most 64 KiB (SL_VALVE_WINDOW,
+// TCP_WINDOW_CLAMP at its transmits), so that an opening of the valve
+// sends that much through TCP, not the whole window autotuning grew. A
+// sink that starts reading late makes the valve open, so the sink's TCP
+// ACKs what it passed and is clamped (valve_clamps); the window the writer
+// last saw (TCP_INFO snd_wnd, read by the writer once its 64 KiB writes
+// are done) is within the clamp. Then a tail of 16-byte writes with Nagle
+// on moves the direction to TCP (small streams): the sink's clamp ends at
+// its next transmit (valve_unclamps), and the window the writer sees once
+// the tail went through TCP is past it. Under the backlog rule nothing is
+// clamped (the late sink may let it move the direction first).
+func TestValveWindow(t *testing.T) {
+	if !valveKernel(t) {
+		t.Skip("this kernel cannot run the valve (TestSlowReaderValve checks it is refused): nothing is clamped without it")
+	}
+	const window = 64 << 10
+	for i, tc := range []struct {
+		name  string
+		valve bool
+	}{
+		{"valve", true},
+		{"backlog rule", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mode := "tcp"
+			if tc.valve {
+				mode = "valve"
+			}
+			_, in, srv, cli := serverClient(t, "--slow-readers", mode)
+			if !readStatus(t, in).Kernel.PsockMsgTotLen {
+				t.Skip("this kernel's sk_psock does not count queued bytes: the valve cannot see a reader's queue")
+			}
+			port := 7530 + i
+			listen := fmt.Sprintf("0.0.0.0:%d", port)
+			start(t, srv, in.Bin, "peer", "sink", listen, "--delay", "500ms")
+			waitPort(t, srv, listen)
+			before := in.Counters()
+			out := run(t, cli, 2*time.Minute, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, port), "--nodelay", "-1",
+				"--size", "65536", "--count", "256", "--window", "--tail-pause", "200ms", "--tail-count", "16000", "--tail-size", "16", "-o", "json")
+			var res peer.Throughput
+			if err := json.Unmarshal([]byte(out), &res); err != nil {
+				t.Fatalf("stream's report: %v\n%s", err, out)
+			}
+			d := testutil.Delta(before, in.Counters())
+			t.Logf("window seen by the writer %d after its stream, %d after its tail; %v", res.SndWnd, res.TailSndWnd, nonzero(d))
+			if !tc.valve {
+				// Whatever moved the direction (the backlog rule, if the
+				// late sink let the queue past twice its limit, or the
+				// tail), nothing was clamped.
+				mustEqual(t, d, "valve_clamps", 0)
+				mustEqual(t, d, "valve_unclamps", 0)
+				return
+			}
+			mustEqual(t, d, "fallback_small_stream", 1)
+			mustAtLeast(t, d, "valve_opens", 1)
+			mustAtLeast(t, d, "valve_clamps", 1)
+			mustAtLeast(t, d, "valve_unclamps", 1)
+			// The window's right edge never moves back, but every ACK
+			// the clamped sink sends offers at most the clamp (rounded
+			// up to its window scale).
+			if res.SndWnd == 0 || res.SndWnd > window+window/8 {
+				t.Errorf("the writer's window after its stream is %d bytes, want within the valve's %d", res.SndWnd, window)
+			}
+			// Given back: TCP's segments of the tail (about 250 KB)
+			// grow the window past the clamp again.
+			if res.TailSndWnd <= window+window/8 {
+				t.Errorf("the writer's window after its tail went through TCP is %d bytes: still clamped", res.TailSndWnd)
+			}
+		})
+	}
 }
