@@ -100,12 +100,23 @@ static __always_inline void valve_lowat(struct bpf_sock_ops *skops, struct sl_so
 		st->lowat = SL_LOWAT_OURS;
 }
 
-/* While the valve may pass its peer's sends (want: valve on, the socket in
- * the map and its incoming direction not moved to TCP), a socket's TCP
- * offers its peer at most SL_VALVE_WINDOW: redirected bytes send no ACK, so
- * each time the valve opens the writer's TCP sends at once the whole
- * window its reader last offered (170-270 KB under autotuning), and those
- * bytes take the slow way while the writer does not sleep: 3.7% of 16 KiB
+/* Whether the valve may pass the peer's sends into st's socket: both ends
+ * joined (a client whose server is remote or not attached never is), the
+ * socket in the map and its incoming direction not moved to TCP. */
+static __always_inline int valve_may_pass_in(struct sl_sock *st)
+{
+	if (!st->in_map || st->evict || st->slot == SL_NO_SLOT)
+		return 0;
+	struct sl_conn *c = conn_of(st->slot);
+	return c && word_gen(c->word) == st->gen && word_state(c->word) == SL_CONN_BYPASS &&
+	       c->path[(st->role ^ 1) & 1] != SL_PATH_TCP;
+}
+
+/* While the valve may pass its peer's sends (want: valve_may_pass_in), a
+ * socket's TCP offers its peer at most SL_VALVE_WINDOW: redirected bytes
+ * send no ACK, so each time the valve opens the writer's TCP sends at once
+ * the whole window its reader last offered (170-270 KB under autotuning),
+ * and those bytes take the slow way while the writer does not sleep: 3.7% of 16 KiB
  * one-CPU streams' bytes went through TCP, 1.7% with the clamp
  * (docs/benchmarks.md, *The valve's window, clamped*). Run at the socket's
  * transmits, the ACKs of what the valve passed among them: autotuning
@@ -609,7 +620,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 		}
 	}
 	if (sl_settings.backlog_valve == SL_MODE_ON)
-		valve_window(skops, sk, st, st->in_map && !st->evict && st->slot != SL_NO_SLOT);
+		valve_window(skops, sk, st, valve_may_pass_in(st));
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
 		 * and not yet read: wait until that is empty, and until the

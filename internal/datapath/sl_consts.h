@@ -269,10 +269,11 @@ enum sl_msg_quota {
 	SL_MSG_CHUNK = 64,
 	SL_MSG_LIGHT = 16,
 };
-/* A receiver's buffer TCP has not grown (twice the default 128 KiB
- * tcp_rmem[1]), and the valve's limit under it (valve_room). */
-#define SL_VALVE_SMALL_BUF (256u << 10)
-#define SL_VALVE_FLOOR (1u << 20)
+/* The valve's limit is at least this (or half the backlog limit, if less)
+ * as far as the reader's buffer may still be raised (valve_limit): TCP's
+ * own buffer for a reader that keeps up grows to tcp_rmem[2] (6 MiB by
+ * default, 32 MiB on the test machine), redirected bytes never grow it. */
+#define SL_VALVE_FLOOR (8u << 20)
 enum sl_lowat {
 	SL_LOWAT_THEIRS = 1, /* the application's own, left alone */
 	SL_LOWAT_OURS = 2,   /* set for the open valve, cleared when it closes */
