@@ -319,7 +319,7 @@ func newPeerCmd() *cobra.Command {
 	}
 	reach.Flags().DurationVar(&reachTimeout, "timeout", 2*time.Second, "give each probe this long")
 	reach.Flags().StringVar(&reachBind, "bind", "", "send from this local address")
-	cmd.AddCommand(newUDPFloodCmd())
+	cmd.AddCommand(newUDPFloodCmd(), newSYNFloodCmd())
 	cmd.AddCommand(reach, server, client, echo, sink, proxy, pingpong, stream, connects, httpServer, httpGets, whoami, bindshow, bindloop, probe, hold, request, pause,
 		newPlantCmd(), newVictimCmd(), newFastOpenCmd(), newOpenCmd(), newListenCmd(), fanout)
 	return cmd
@@ -391,6 +391,31 @@ func newUDPFloodCmd() *cobra.Command {
 	c.Flags().IntVar(&count, "count", 100000, "datagrams")
 	c.Flags().IntVar(&sockets, "sockets", 1, "sockets to send from")
 	c.Flags().DurationVar(&hold, "hold", 0, "keep the sockets open this long after sending")
+	return c
+}
+
+func newSYNFloodCmd() *cobra.Command {
+	var ports string
+	var count int
+	c := &cobra.Command{
+		Use:   "synflood --ports A-B --count N IP",
+		Short: "Send N SYNs to IP over the ports from sockets closed before their handshake completes (non-blocking connect, then close); print how many were sent",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ips, ps, err := ipsAndPorts(args, ports)
+			if err != nil {
+				return err
+			}
+			n, err := peer.SYNFlood(cmd.Context(), ips[0], ps, count)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), n)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&ports, "ports", "", "destination ports, A or A-B")
+	c.Flags().IntVar(&count, "count", 20000, "SYNs")
 	return c
 }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"golang.org/x/sys/unix"
 )
 
 // UDPFlood sends count one-byte datagrams round the (address, port) pairs
@@ -40,4 +42,40 @@ func UDPFlood(ctx context.Context, addrs []netip.Addr, ports []uint16, count, so
 		}
 	}
 	return sent, release, nil
+}
+
+// SYNFlood sends count SYNs round the ports of ip from sockets that never
+// complete a handshake: each is a non-blocking connect(), which sends its
+// SYN before it returns, closed at once. Where the SYN-ACKs are dropped (a
+// netfilter rule of the caller's network namespace; on loopback the
+// handshake would otherwise complete within connect()), each SYN leaves
+// its listener a request until the SYN-ACK's retries run out: a SYN flood.
+// Returns how many SYNs were sent.
+func SYNFlood(ctx context.Context, ip netip.Addr, ports []uint16, count int) (int, error) {
+	if len(ports) == 0 || count < 1 {
+		return 0, fmt.Errorf("synflood: want at least one port and one SYN")
+	}
+	family := unix.AF_INET
+	if ip.Is6() && !ip.Is4In6() {
+		family = unix.AF_INET6
+	}
+	sent := 0
+	for i := 0; i < count && ctx.Err() == nil; i++ {
+		fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return sent, fmt.Errorf("opening socket %d: %w", i, err)
+		}
+		port := int(ports[i%len(ports)])
+		var sa unix.Sockaddr = &unix.SockaddrInet4{Port: port, Addr: ip.Unmap().As4()}
+		if family == unix.AF_INET6 {
+			sa = &unix.SockaddrInet6{Port: port, Addr: ip.As16()}
+		}
+		err = unix.Connect(fd, sa)
+		unix.Close(fd)
+		if err != nil && err != unix.EINPROGRESS {
+			return sent, fmt.Errorf("connecting socket %d to port %d: %w", i, port, err)
+		}
+		sent++
+	}
+	return sent, nil
 }
