@@ -100,20 +100,10 @@ static __always_inline void valve_lowat(struct bpf_sock_ops *skops, struct sl_so
 		st->lowat = SL_LOWAT_OURS;
 }
 
-/* Whether the valve may pass the peer's sends into st's socket: both ends
- * joined (a client whose server is remote or not attached never is), the
- * socket in the map and its incoming direction not moved to TCP. */
-static __always_inline int valve_may_pass_in(struct sl_sock *st)
-{
-	if (!st->in_map || st->evict || st->slot == SL_NO_SLOT)
-		return 0;
-	struct sl_conn *c = conn_of(st->slot);
-	return c && word_gen(c->word) == st->gen && word_state(c->word) == SL_CONN_BYPASS &&
-	       c->path[(st->role ^ 1) & 1] != SL_PATH_TCP;
-}
-
-/* While the valve may pass its peer's sends (want: valve_may_pass_in), a
- * socket's TCP offers its peer at most SL_VALVE_WINDOW: redirected bytes
+/* While the valve may pass its peer's sends (want: both ends joined, a
+ * client whose server is remote or not attached never is; the socket in
+ * the map and its incoming direction not moved to TCP), a socket's TCP
+ * offers its peer at most SL_VALVE_WINDOW: redirected bytes
  * send no ACK, so each time the valve opens the writer's TCP sends at once
  * the whole window its reader last offered (170-270 KB under autotuning),
  * and those bytes take the slow way while the writer does not sleep: 3.7% of 16 KiB
@@ -607,6 +597,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 	/* The direction into this socket moved to TCP: leave the map once
 	 * what was redirected is read, so that the receive path, FIONREAD and
 	 * poll are TCP's own again. Our own sends then skip sk_msg too. */
+	int pass_in = 0;
 	if (st->in_map && !st->evict && st->slot != SL_NO_SLOT) {
 		struct sl_conn *c = conn_of(st->slot);
 		if (c && word_gen(c->word) == st->gen && c->path[(st->role ^ 1) & 1] == SL_PATH_TCP) {
@@ -617,10 +608,12 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 				c->path[out] = SL_PATH_TCP;
 				c->reason[out] = c->reason[out ^ 1];
 			}
+		} else if (c && word_gen(c->word) == st->gen) {
+			pass_in = word_state(c->word) == SL_CONN_BYPASS;
 		}
 	}
 	if (sl_settings.backlog_valve == SL_MODE_ON)
-		valve_window(skops, sk, st, valve_may_pass_in(st));
+		valve_window(skops, sk, st, pass_in);
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
 		 * and not yet read: wait until that is empty, and until the
