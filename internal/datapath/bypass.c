@@ -100,6 +100,37 @@ static __always_inline void valve_lowat(struct bpf_sock_ops *skops, struct sl_so
 		st->lowat = SL_LOWAT_OURS;
 }
 
+/* While st's valve is open and passes sends under SL_VALVE_SMALL_SEND
+ * (sl_consts.h), the socket's congestion window is at most
+ * SL_VALVE_SMALL_CWND segments, so that TCP merges the sends it holds back
+ * into few segments, each a message in the reader's queue; closed, once it
+ * passes larger sends, or once the socket leaves the map (leaving), the
+ * clamp it replaced is back. Run at the socket's transmits. The kernel sets
+ * the slow-start threshold with the clamp (TCP_BPF_SNDCWND_CLAMP), so the
+ * socket's TCP starts over in slow start when it is given back. */
+static __always_inline void valve_cwnd(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct sl_sock *st, int leaving)
+{
+	int want = st->valve && st->valve_small && !leaving;
+	if (want == st->cwnd_clamped)
+		return;
+	int v;
+	if (!want) {
+		st->cwnd_clamped = 0;
+		v = st->cwnd_saved > 0x7fffffff ? 0x7fffffff : (int)st->cwnd_saved;
+		bpf_setsockopt(skops, SL_SOL_TCP, SL_TCP_BPF_SNDCWND_CLAMP, &v, sizeof(v));
+		return;
+	}
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	st->cwnd_saved = tp->snd_cwnd_clamp;
+	v = SL_VALVE_SMALL_CWND;
+	if (!bpf_setsockopt(skops, SL_SOL_TCP, SL_TCP_BPF_SNDCWND_CLAMP, &v, sizeof(v))) {
+		st->cwnd_clamped = 1;
+		count(SL_C_VALVE_CWND_CLAMPS, 1);
+	}
+}
+
 /* While the valve may pass its peer's sends (want: both ends joined, a
  * client whose server is remote or not attached never is; the socket in
  * the map and its incoming direction not moved to TCP), a socket's TCP
@@ -633,6 +664,8 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 	}
 	if (st->valve || st->lowat)
 		valve_lowat(skops, st, !st->in_map);
+	if (st->valve || st->cwnd_clamped)
+		valve_cwnd(skops, sk, st, !st->in_map);
 	/* Off once nothing more can be asked of this callback: the socket
 	 * left the map. A bypassed socket hardly transmits, so leaving it on
 	 * costs nothing while it may still have to leave. */
@@ -722,7 +755,7 @@ int sl_msg(struct sk_msg_md *msg)
 		 * queue past the valve's limit. */
 		__u32 room = ~0u, mroom = ~0u;
 		if (sl_settings.backlog_valve == SL_MODE_ON)
-			reason = (room = valve_room(msg, st, c, len, offset, &mroom)) ? SL_C_FALLBACK_PEER_GONE : 0;
+			reason = (room = valve_room(msg, st, c, len, redirected + len, offset, &mroom)) ? SL_C_FALLBACK_PEER_GONE : 0;
 		else if (!peer_backlogged(st, dir ^ 1, redirected + len, offset, &mroom))
 			reason = SL_C_FALLBACK_PEER_GONE;
 		if (win > room)
@@ -795,6 +828,7 @@ int sl_msg(struct sk_msg_md *msg)
 	if (tp) {
 		st->valve_seq = tp->write_seq;
 		st->valve_mark = 1;
+		st->valve_small = len < SL_VALVE_SMALL_SEND;
 	} else {
 		c->tcp_bytes[dir] += len;
 	}

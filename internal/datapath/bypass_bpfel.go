@@ -153,12 +153,13 @@ const (
 	bypassSlCounterSL_C_CC_UNPACED              bypassSlCounter = 44
 	bypassSlCounterSL_C_VALVE_CLAMPS            bypassSlCounter = 45
 	bypassSlCounterSL_C_VALVE_UNCLAMPS          bypassSlCounter = 46
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 47
+	bypassSlCounterSL_C_VALVE_CWND_CLAMPS       bypassSlCounter = 47
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 48
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [47]uint64
+	C [48]uint64
 }
 
 type bypassSlDefaults uint32
@@ -252,7 +253,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 41
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 42
 )
 
 type bypassSlListener struct {
@@ -406,9 +407,11 @@ type bypassSlSock struct {
 	NodelaySeen uint8
 	ValveQuota  uint8
 	Clamped     uint8
-	Pad         uint8
+	ValveSmall  uint8
 	ClampSaved  uint32
-	Pad2        uint32
+	CwndSaved   uint32
+	CwndClamped uint8
+	Pad         [7]uint8
 }
 
 type bypassSlTuple struct {

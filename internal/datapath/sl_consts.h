@@ -76,6 +76,9 @@ enum sl_counter {
 	SL_C_VALVE_UNCLAMPS,          /* such windows' clamps ended (the socket's incoming direction moved
 				       * to TCP, or it left the map): given back, unless the application
 				       * or autotuning had set another since */
+	SL_C_VALVE_CWND_CLAMPS,       /* bypassed sockets whose open valve passed sends under
+				       * SL_VALVE_SMALL_SEND given a congestion window of
+				       * SL_VALVE_SMALL_CWND (valve_cwnd in bypass.c) */
 	SL_C_MAX,
 };
 
@@ -85,7 +88,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 41,
+	SL_LAYOUT_VERSION = 42,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -285,6 +288,20 @@ enum sl_lowat {
  * TCP sends the whole window the reader last offered, 170-270 KB under
  * autotuning, and those bytes go the slow way. */
 #define SL_VALVE_WINDOW (64 << 10)
+/* The open valve passes each send as TCP segments, and each segment TCP
+ * delivers is a message of its own in the reader's psock queue (an skb and
+ * a KiB of sk_msg): TCP's coalescing of small segments in its receive
+ * queue never runs there. A window counts bytes, so 1-byte sends with
+ * TCP_NODELAY fill the 64 KiB the reader offers with 64 Ki segments, about
+ * 110 MB of the node's memory for one connection (27-57 MB measured in
+ * TestMessageBudget), and TCP's buffer growth (tcp_clamp_window) lets
+ * them in. While the open valve passes sends under SL_VALVE_SMALL_SEND
+ * bytes, the writer's congestion window is clamped to SL_VALVE_SMALL_CWND
+ * segments (TCP_BPF_SNDCWND_CLAMP; valve_cwnd in bypass.c): the sends the
+ * window holds back merge into the unsent tail of TCP's write queue, so a
+ * segment carries what the writer wrote in a round trip, not one send. */
+#define SL_VALVE_SMALL_SEND 512
+#define SL_VALVE_SMALL_CWND 2
 /* sl_skb cuts a segment's repeated head off in steps of at most
  * SL_SKB_TRIM_STEP bytes (what one bpf_skb_adjust_room may take from an
  * sk_skb), SL_SKB_TRIM_CALLS of them at most: SL_SKB_TRIM_MAX bytes, four

@@ -66,6 +66,7 @@ struct sock {
 #define SL_SOL_TCP 6
 #define SL_TCP_NOTSENT_LOWAT 25
 #define SL_TCP_WINDOW_CLAMP 10
+#define SL_TCP_BPF_SNDCWND_CLAMP 1002
 #define SL_TCP_CONGESTION 13
 #define SL_TCP_CA_NAME_MAX 16
 #define SL_CLOCK_MONOTONIC 1
@@ -116,6 +117,7 @@ struct tcp_sock {
 	__u32 rcv_wup;
 	__u32 rcv_wnd;
 	__u32 window_clamp;
+	__u32 snd_cwnd_clamp;
 	__u8 nonagle;
 } __attribute__((preserve_access_index));
 

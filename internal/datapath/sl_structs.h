@@ -182,7 +182,8 @@ struct sl_sock {
 	__u32 over_since; /* when the peer's backlog went over the limit, in
 			   * units of 2^20 ns (| 1); 0 while under it */
 	__u32 check_left; /* bytes to send before the peer's backlog is read
-			   * again (SL_BACKLOG_CHECK_BYTES) */
+			   * again (SL_BACKLOG_CHECK_BYTES; with the valve,
+			   * at most the room it had then: valve_room) */
 	__u32 win_at;    /* when small_stream's current unit of sends began, in
 			  * units of 2^10 ns */
 	__u32 rev_seen;  /* what the other direction had sent when that unit
@@ -206,9 +207,11 @@ struct sl_sock {
 	__u8 nodelay_seen; /* this stream was counted as kept for TCP_NODELAY (small_stream) */
 	__u8 valve_quota;  /* the valve opened for the owner's quota of messages (msgs_quota) */
 	__u8 clamped;      /* this socket's TCP window is the valve's (valve_window) */
-	__u8 pad;
+	__u8 valve_small;  /* the open valve's last pass was a send under SL_VALVE_SMALL_SEND */
 	__u32 clamp_saved; /* the TCP_WINDOW_CLAMP the valve's replaced, restored when it ends */
-	__u32 pad2;
+	__u32 cwnd_saved;  /* the congestion window clamp valve_cwnd replaced */
+	__u8 cwnd_clamped; /* this socket's congestion window is the valve's (valve_cwnd) */
+	__u8 pad[7];
 };
 
 /* sl_skb_seqs' value: the sequence number after the last TCP segment
