@@ -40,6 +40,7 @@ const volatile struct sl_config sl_settings = SL_SETTINGS_DEFAULT;
 #include "sl_listener.h"
 #include "sl_evict.h"
 #include "sl_verdict.h"
+#include "sl_redirect.h"
 #include "sl_overlap.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -723,6 +724,8 @@ int sl_msg(struct sk_msg_md *msg)
 	if (!c)
 		return SK_PASS;
 	__u32 dir = st->role & 1;
+	if (fast_send(msg, st, c, dir, len))
+		return SK_PASS;
 	/* One lookup of the counter block serves the whole run. */
 	struct sl_counters *cnt = counters();
 
@@ -789,26 +792,14 @@ int sl_msg(struct sk_msg_md *msg)
 			reason = SL_C_FALLBACK_SMALL_STREAM;
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
-				__u64 window = 0;
+				__u32 window = 0;
 				if (win && !bpf_msg_apply_bytes(msg, win)) {
 					st->win_left = win - len;
-					window = 1;
+					window = win;
 				}
-				/* What this verdict redirects, for small_stream's unit
-				 * (of small sends only: a larger one starts over). */
-				__u32 unit = st->win_bytes + (window ? win : len);
-				st->win_bytes = len >= SL_STREAM_SMALL ? 0 : unit < st->win_bytes ? ~0u : unit;
-				msgs_note(st, window ? win : 0, len);
+				count_redirect(st, c, cnt, dir, len, window, redirected);
 				if (cap)
 					capture(msg, cap, c, st, dir, offset, len);
-				redirected += len;
-				c->msgs[dir]++;
-				c->bytes[dir] += redirected;
-				if (cnt) {
-					cnt->c[SL_C_REDIRECT_MSGS]++;
-					cnt->c[SL_C_REDIRECT_BYTES] += redirected;
-					cnt->c[SL_C_REDIRECT_WINDOWS] += window;
-				}
 				return SK_PASS;
 			}
 		}

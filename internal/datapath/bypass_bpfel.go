@@ -113,53 +113,54 @@ const (
 	bypassSlCounterSL_C_REDIRECT_MSGS           bypassSlCounter = 4
 	bypassSlCounterSL_C_REDIRECT_BYTES          bypassSlCounter = 5
 	bypassSlCounterSL_C_REDIRECT_WINDOWS        bypassSlCounter = 6
-	bypassSlCounterSL_C_PASS_MSGS               bypassSlCounter = 7
-	bypassSlCounterSL_C_PASS_BYTES              bypassSlCounter = 8
-	bypassSlCounterSL_C_FALLBACK_PEER_NOT_READY bypassSlCounter = 9
-	bypassSlCounterSL_C_FALLBACK_EARLY_DATA     bypassSlCounter = 10
-	bypassSlCounterSL_C_FALLBACK_BACKLOG        bypassSlCounter = 11
-	bypassSlCounterSL_C_FALLBACK_PEER_GONE      bypassSlCounter = 12
-	bypassSlCounterSL_C_FALLBACK_BLOCKING       bypassSlCounter = 13
-	bypassSlCounterSL_C_EVICTIONS               bypassSlCounter = 14
-	bypassSlCounterSL_C_CLOSED                  bypassSlCounter = 15
-	bypassSlCounterSL_C_ERR_SOCKHASH            bypassSlCounter = 16
-	bypassSlCounterSL_C_ERR_CONN_TABLE_FULL     bypassSlCounter = 17
-	bypassSlCounterSL_C_ERR_INDEX               bypassSlCounter = 18
-	bypassSlCounterSL_C_ERR_STORAGE             bypassSlCounter = 19
-	bypassSlCounterSL_C_EVENTS_LOST             bypassSlCounter = 20
-	bypassSlCounterSL_C_CAPTURED                bypassSlCounter = 21
-	bypassSlCounterSL_C_CAPTURE_LOST            bypassSlCounter = 22
-	bypassSlCounterSL_C_CAPTURE_RATE_DROPS      bypassSlCounter = 23
-	bypassSlCounterSL_C_FALLBACK_BRIEF          bypassSlCounter = 24
-	bypassSlCounterSL_C_FALLBACK_NO_PEER        bypassSlCounter = 25
-	bypassSlCounterSL_C_FALLBACK_NO_HANDSHAKE   bypassSlCounter = 26
-	bypassSlCounterSL_C_FALLBACK_QUOTA          bypassSlCounter = 27
-	bypassSlCounterSL_C_FALLBACK_NO_LISTENER    bypassSlCounter = 28
-	bypassSlCounterSL_C_LISTENER_QUOTA          bypassSlCounter = 29
-	bypassSlCounterSL_C_FALLBACK_BYPASS_OFF     bypassSlCounter = 30
-	bypassSlCounterSL_C_BLOCKING_QUIET          bypassSlCounter = 31
-	bypassSlCounterSL_C_FALLBACK_SMALL_STREAM   bypassSlCounter = 32
-	bypassSlCounterSL_C_EVICT_TIMER_QUOTA       bypassSlCounter = 33
-	bypassSlCounterSL_C_FALLBACK_OPTED_OUT      bypassSlCounter = 34
-	bypassSlCounterSL_C_VALVE_OPENS             bypassSlCounter = 35
-	bypassSlCounterSL_C_VALVE_CLOSES            bypassSlCounter = 36
-	bypassSlCounterSL_C_VALVE_BYTES             bypassSlCounter = 37
-	bypassSlCounterSL_C_SMALL_STREAM_NODELAY    bypassSlCounter = 38
-	bypassSlCounterSL_C_MSG_BUDGET              bypassSlCounter = 39
-	bypassSlCounterSL_C_MSG_QUOTA               bypassSlCounter = 40
-	bypassSlCounterSL_C_SKB_OVERLAPS            bypassSlCounter = 41
-	bypassSlCounterSL_C_SKB_OVERLAP_BYTES       bypassSlCounter = 42
-	bypassSlCounterSL_C_ERR_SKB_TRIM            bypassSlCounter = 43
-	bypassSlCounterSL_C_CC_UNPACED              bypassSlCounter = 44
-	bypassSlCounterSL_C_VALVE_CLAMPS            bypassSlCounter = 45
-	bypassSlCounterSL_C_VALVE_UNCLAMPS          bypassSlCounter = 46
-	bypassSlCounterSL_C_VALVE_CWND_CLAMPS       bypassSlCounter = 47
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 48
+	bypassSlCounterSL_C_REDIRECT_FAST           bypassSlCounter = 7
+	bypassSlCounterSL_C_PASS_MSGS               bypassSlCounter = 8
+	bypassSlCounterSL_C_PASS_BYTES              bypassSlCounter = 9
+	bypassSlCounterSL_C_FALLBACK_PEER_NOT_READY bypassSlCounter = 10
+	bypassSlCounterSL_C_FALLBACK_EARLY_DATA     bypassSlCounter = 11
+	bypassSlCounterSL_C_FALLBACK_BACKLOG        bypassSlCounter = 12
+	bypassSlCounterSL_C_FALLBACK_PEER_GONE      bypassSlCounter = 13
+	bypassSlCounterSL_C_FALLBACK_BLOCKING       bypassSlCounter = 14
+	bypassSlCounterSL_C_EVICTIONS               bypassSlCounter = 15
+	bypassSlCounterSL_C_CLOSED                  bypassSlCounter = 16
+	bypassSlCounterSL_C_ERR_SOCKHASH            bypassSlCounter = 17
+	bypassSlCounterSL_C_ERR_CONN_TABLE_FULL     bypassSlCounter = 18
+	bypassSlCounterSL_C_ERR_INDEX               bypassSlCounter = 19
+	bypassSlCounterSL_C_ERR_STORAGE             bypassSlCounter = 20
+	bypassSlCounterSL_C_EVENTS_LOST             bypassSlCounter = 21
+	bypassSlCounterSL_C_CAPTURED                bypassSlCounter = 22
+	bypassSlCounterSL_C_CAPTURE_LOST            bypassSlCounter = 23
+	bypassSlCounterSL_C_CAPTURE_RATE_DROPS      bypassSlCounter = 24
+	bypassSlCounterSL_C_FALLBACK_BRIEF          bypassSlCounter = 25
+	bypassSlCounterSL_C_FALLBACK_NO_PEER        bypassSlCounter = 26
+	bypassSlCounterSL_C_FALLBACK_NO_HANDSHAKE   bypassSlCounter = 27
+	bypassSlCounterSL_C_FALLBACK_QUOTA          bypassSlCounter = 28
+	bypassSlCounterSL_C_FALLBACK_NO_LISTENER    bypassSlCounter = 29
+	bypassSlCounterSL_C_LISTENER_QUOTA          bypassSlCounter = 30
+	bypassSlCounterSL_C_FALLBACK_BYPASS_OFF     bypassSlCounter = 31
+	bypassSlCounterSL_C_BLOCKING_QUIET          bypassSlCounter = 32
+	bypassSlCounterSL_C_FALLBACK_SMALL_STREAM   bypassSlCounter = 33
+	bypassSlCounterSL_C_EVICT_TIMER_QUOTA       bypassSlCounter = 34
+	bypassSlCounterSL_C_FALLBACK_OPTED_OUT      bypassSlCounter = 35
+	bypassSlCounterSL_C_VALVE_OPENS             bypassSlCounter = 36
+	bypassSlCounterSL_C_VALVE_CLOSES            bypassSlCounter = 37
+	bypassSlCounterSL_C_VALVE_BYTES             bypassSlCounter = 38
+	bypassSlCounterSL_C_SMALL_STREAM_NODELAY    bypassSlCounter = 39
+	bypassSlCounterSL_C_MSG_BUDGET              bypassSlCounter = 40
+	bypassSlCounterSL_C_MSG_QUOTA               bypassSlCounter = 41
+	bypassSlCounterSL_C_SKB_OVERLAPS            bypassSlCounter = 42
+	bypassSlCounterSL_C_SKB_OVERLAP_BYTES       bypassSlCounter = 43
+	bypassSlCounterSL_C_ERR_SKB_TRIM            bypassSlCounter = 44
+	bypassSlCounterSL_C_CC_UNPACED              bypassSlCounter = 45
+	bypassSlCounterSL_C_VALVE_CLAMPS            bypassSlCounter = 46
+	bypassSlCounterSL_C_VALVE_UNCLAMPS          bypassSlCounter = 47
+	bypassSlCounterSL_C_VALVE_CWND_CLAMPS       bypassSlCounter = 48
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 49
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [48]uint64
+	C [49]uint64
 }
 
 type bypassSlDefaults uint32
@@ -253,7 +254,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 42
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 43
 )
 
 type bypassSlListener struct {

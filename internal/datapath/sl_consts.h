@@ -19,6 +19,8 @@ enum sl_counter {
 	SL_C_REDIRECT_MSGS,          /* redirect verdicts (a verdict window covers many sends) */
 	SL_C_REDIRECT_BYTES,         /* bytes moved socket to socket */
 	SL_C_REDIRECT_WINDOWS,       /* verdicts that also covered the next sends (a verdict window) */
+	SL_C_REDIRECT_FAST,          /* redirect verdicts that read nothing of the receiver: the room its
+				      * queue had at the last read still covered them (fast_send) */
 	SL_C_PASS_MSGS,              /* messages of managed sockets left to TCP */
 	SL_C_PASS_BYTES,
 	SL_C_FALLBACK_PEER_NOT_READY, /* client sent before its peer joined */
@@ -88,7 +90,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 42,
+	SL_LAYOUT_VERSION = 43,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -219,6 +221,12 @@ enum sl_sig_mask {
  * to a bare redirect); a limit of at least SO_RCVBUF is overshot by at
  * most this. */
 #define SL_BACKLOG_CHECK_BYTES (64 << 10)
+/* Where the queue had more room under the limit than that at the last
+ * read, it is read again once that room is used up, or this many bytes
+ * were sent (peer_backlogged, and valve_room with the valve closed): the
+ * queue can only have shrunk since, but the limit follows the reader's
+ * SO_RCVBUF, which it may lower. */
+#define SL_ROOM_CHECK_BYTES (1u << 20)
 /* Sends from verdict_window up to this size open a verdict window of this
  * many bytes (sl_msg's window_of): one verdict per 256 KiB, so a backlog
  * or fallback decision comes at most 256 KiB late, against a backlog limit

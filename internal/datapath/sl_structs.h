@@ -182,8 +182,10 @@ struct sl_sock {
 	__u32 over_since; /* when the peer's backlog went over the limit, in
 			   * units of 2^20 ns (| 1); 0 while under it */
 	__u32 check_left; /* bytes to send before the peer's backlog is read
-			   * again (SL_BACKLOG_CHECK_BYTES; with the valve,
-			   * at most the room it had then: valve_room) */
+			   * again: SL_BACKLOG_CHECK_BYTES, or the room under
+			   * the limit it had then if more, at most
+			   * SL_ROOM_CHECK_BYTES (peer_backlogged; with the
+			   * valve, that room: valve_room) */
 	__u32 win_at;    /* when small_stream's current unit of sends began, in
 			  * units of 2^10 ns */
 	__u32 rev_seen;  /* what the other direction had sent when that unit

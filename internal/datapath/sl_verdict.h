@@ -244,8 +244,10 @@ static __noinline int msgs_quota(struct sl_sock *st, struct sl_conn *c, __u32 le
  * then drains it), or at once over SL_BACKLOG_CAP times it.
  * The time is read only while over the limit, the queue once per
  * SL_BACKLOG_CHECK_BYTES sent while under it (sent: the bytes since the
- * last run), or when the messages counted reach the budget. *mroom: the
- * messages the peer may still take after this send. */
+ * last run), or once the room under the limit found at the last read is
+ * used up where that was more (at most SL_ROOM_CHECK_BYTES: the queue
+ * can only have shrunk since), or when the messages counted reach the
+ * budget. *mroom: the messages the peer may still take after this send. */
 static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, __u32 sent, __u64 offset, __u32 *mroom)
 {
 	if (!sl_settings.backlog_limit || !psock_counts_bytes())
@@ -272,6 +274,8 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 	*mroom = held < budget ? budget - 1 - held : 0;
 	if (queued <= limit && held < budget) {
 		st->over_since = 0;
+		if (limit - queued > SL_BACKLOG_CHECK_BYTES)
+			st->check_left = limit - queued < SL_ROOM_CHECK_BYTES ? limit - queued : SL_ROOM_CHECK_BYTES;
 		return 0;
 	}
 	int msgs = queued <= limit;
@@ -378,13 +382,16 @@ static __noinline __u32 valve_limit(struct sock *peer)
  * queue is under half the limit.
  * It opens too for a send that finds the peer's queue holding msg_budget()
  * messages (msgs_held), and closes only once it holds at most half of them.
- * With the valve closed the peer is read only once per
- * SL_BACKLOG_CHECK_BYTES sent (sent: the bytes since the last run), as
- * long as the room it had then (st->check_left, less what was sent since)
- * covers this send and the messages counted since leave room for it: the
- * queue can only have shrunk, so no send it lets through would have opened
- * the valve, and a window stays within that room. Reading the peer (its
- * queue, buffer and window) at every send cost about 40 ns a run. Not for
+ * With the valve closed the peer is read again only once the room it had
+ * at the last read (st->check_left, at most SL_ROOM_CHECK_BYTES, less
+ * what was sent since: sent, the bytes since the last run) no longer
+ * covers this send, or the messages counted since leave no room for it:
+ * the queue can only have shrunk, so no send it lets through would have
+ * opened the valve, and a window stays within that room. Reading the peer
+ * (its queue, buffer and window: cache lines its reader writes) at every
+ * 64 KiB send was most of what sl_msg cost over a bare redirect
+ * (docs/benchmarks.md, The fast path); sends that need no read skip the
+ * verdict's other checks too (fast_send in sl_redirect.h). Not for
  * a send under the verdict window: its window counts a message per byte
  * at the worst (msgs_note), which only a read of the queue takes back, and
  * without one the count soon leaves no room for windows (half the budget
@@ -428,7 +435,7 @@ static __always_inline __u32 valve_room(struct sk_msg_md *msg, struct sl_sock *s
 	}
 	*mroom = budget - 1 - held;
 	__u32 room = queued < limit ? limit - queued : 1;
-	__u32 ahead = room < SL_BACKLOG_CHECK_BYTES ? room : SL_BACKLOG_CHECK_BYTES;
+	__u32 ahead = room < SL_ROOM_CHECK_BYTES ? room : SL_ROOM_CHECK_BYTES;
 	if (ahead > len)
 		st->check_left = ahead - len;
 	return room;

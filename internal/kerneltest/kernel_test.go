@@ -388,6 +388,20 @@ func TestSendWindows(t *testing.T) {
 				t.Errorf("%d verdicts, %d of them opening a window, for the client's %d writes of %d bytes: want windows of 256 KiB on this kernel",
 					d["redirect_msgs"], d["redirect_windows"], sends, tc.write)
 			}
+			// Verdicts that read nothing of the reader (fast_send): only
+			// for sends of at least the verdict window (the echo's are,
+			// up to 64 KiB, in both rows), where the kernel counts queued
+			// bytes (else the reader's room is never known), and then for
+			// most of them: the echo keeps up, and the room found at a
+			// read covers up to 1 MiB of sends.
+			switch fast := d["redirect_fast"]; {
+			case fast > d["redirect_msgs"]:
+				t.Errorf("%d fast verdicts of %d verdicts", fast, d["redirect_msgs"])
+			case !n.dp.Features().PsockMsgTotLen && fast != 0:
+				t.Errorf("%d fast verdicts on a kernel whose sk_psock counts no queued bytes, want none", fast)
+			case !tc.windows && n.dp.Features().PsockMsgTotLen && fast < sends/4:
+				t.Errorf("%d fast verdicts for the client's %d writes of %d bytes (and the echo's), want a quarter of them at least", fast, sends, tc.write)
+			}
 			// Every byte counted once: redirected, or passed to TCP while
 			// the valve (the default where the kernel runs it) held a writer ahead of its
 			// reader.

@@ -26,6 +26,7 @@ var (
 	famVerdicts      = family{"redirect_verdicts_total", "Redirect verdicts of the sk_msg program (a verdict window covers many sends).", prometheus.CounterValue, nil}
 	famRedirBytes    = family{"redirected_bytes_total", "Bytes moved socket to socket by the bypass (lags by less than one verdict window per open connection).", prometheus.CounterValue, nil}
 	famWindows       = family{"redirect_windows_total", "Redirect verdicts that also covered the sends after them (a verdict window).", prometheus.CounterValue, nil}
+	famFast          = family{"redirect_fast_total", "Redirect verdicts that read nothing of the receiver: the room its queue had at the last read, the messages counted since and the owner's charge still covered the send (sends of at least the verdict window; in redirect_verdicts_total too).", prometheus.CounterValue, nil}
 	famPassMsgs      = family{"passed_messages_total", "Messages of managed sockets left to TCP.", prometheus.CounterValue, nil}
 	famPassBytes     = family{"passed_bytes_total", "Bytes of managed sockets left to TCP.", prometheus.CounterValue, nil}
 	famFallbacks     = family{"fallbacks_total", "Connection directions moved to (or kept on) TCP, by reason; brief and no_peer count whole connections left on TCP without joining, from what was learned of their destination (its recent connections were brief, or found no managed server).", prometheus.CounterValue, []string{"reason"}}
@@ -63,7 +64,7 @@ var (
 )
 
 var families = []family{
-	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famPassMsgs, famPassBytes,
+	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famFast, famPassMsgs, famPassBytes,
 	famFallbacks, famBlockingQuiet, famValve, famValveBytes, famSmallNoDelay, famMsgBudget, famOverlaps, famOverlapBytes, famUnpaced, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
@@ -87,6 +88,7 @@ var bypassCounters = map[string]counterRef{
 	"redirect_msgs":           {famVerdicts, ""},
 	"redirect_bytes":          {famRedirBytes, ""},
 	"redirect_windows":        {famWindows, ""},
+	"redirect_fast":           {famFast, ""},
 	"pass_msgs":               {famPassMsgs, ""},
 	"pass_bytes":              {famPassBytes, ""},
 	"fallback_peer_not_ready": {famFallbacks, "peer_not_ready"},
