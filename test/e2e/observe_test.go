@@ -135,29 +135,10 @@ func TestCaptureStream(t *testing.T) {
 	const count = 300
 	cmd, _, errText := background(t, in, "capturing", "capture", "-w", file, "--port", "7302", "--count", fmt.Sprint(count),
 		"--rate", "0", "--snap", "64", "--duration", "30s")
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("capture: %v: %s", err, errText.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("capture did not stop after %d messages: %s", count, errText.String())
-	}
+	waitCapture(t, cmd, errText, count, 30*time.Second)
 	t.Logf("%d messages captured in %v", count, time.Since(began))
 	_ = stream.cmd.Process.Kill()
-	if !strings.Contains(errText.String(), fmt.Sprintf("captured %d messages", count)) || !strings.Contains(errText.String(), "missed 0 (ring buffer full), 0 (over --rate)") {
-		t.Fatalf("capture summary: %s", errText.String())
-	}
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pkts, err := pcap.Read(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pkts := readCapture(t, file)
 	var sent []pcap.Packet
 	for _, p := range pkts {
 		if p.Src.Addr() == cli.IPv4 && p.Len > 0 {
@@ -173,6 +154,39 @@ func TestCaptureStream(t *testing.T) {
 			t.Fatalf("message %d of the client's starts at sequence %d, want %d (the previous one's end): a send went uncaptured", i, sent[i].Seq, want)
 		}
 	}
+}
+
+// waitCapture waits for a `socklane capture --count n` to stop and checks
+// its summary: n messages, none missed.
+func waitCapture(t *testing.T, cmd *exec.Cmd, errText *lockedBuffer, n int, timeout time.Duration) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("capture: %v: %s", err, errText.String())
+		}
+	case <-time.After(timeout):
+		t.Fatalf("capture did not stop after %d messages: %s", n, errText.String())
+	}
+	if !strings.Contains(errText.String(), fmt.Sprintf("captured %d messages", n)) || !strings.Contains(errText.String(), "missed 0 (ring buffer full), 0 (over --rate)") {
+		t.Fatalf("capture summary: %s", errText.String())
+	}
+}
+
+// readCapture reads a capture file's packets.
+func readCapture(t *testing.T, file string) []pcap.Packet {
+	t.Helper()
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkts, err := pcap.Read(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pkts
 }
 
 func hasType(evs []map[string]any, typ string) bool {
@@ -210,19 +224,7 @@ func TestCapture(t *testing.T) {
 	if out, err := c.CombinedOutput(); err != nil || !strings.Contains(string(out), reply) {
 		t.Fatalf("peer request: %v: %s", err, out)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("capture: %v: %s", err, errText.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("capture did not stop after 2 messages: %s", errText.String())
-	}
-	if !strings.Contains(errText.String(), "captured 2 messages") || !strings.Contains(errText.String(), "missed 0 (ring buffer full), 0 (over --rate)") {
-		t.Errorf("capture summary: %s", errText.String())
-	}
+	waitCapture(t, cmd, errText, 2, 15*time.Second)
 	d := testutil.Delta(before, in.Counters())
 	mustEqual(t, d, "captured", 2)
 	mustAtLeast(t, d, "redirect_msgs", 2)
@@ -230,14 +232,7 @@ func TestCapture(t *testing.T) {
 	if st, err := os.Stat(file); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("capture file mode: %v (%v), want 0600", st.Mode().Perm(), err)
 	}
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pkts, err := pcap.Read(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pkts := readCapture(t, file)
 	if len(pkts) != 2 {
 		t.Fatalf("%d packets in the capture, want 2", len(pkts))
 	}
