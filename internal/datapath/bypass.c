@@ -724,10 +724,10 @@ int sl_msg(struct sk_msg_md *msg)
 	if (!c)
 		return SK_PASS;
 	__u32 dir = st->role & 1;
-	if (fast_send(msg, st, c, dir, len))
-		return SK_PASS;
 	/* One lookup of the counter block serves the whole run. */
 	struct sl_counters *cnt = counters();
+	if (fast_send(msg, st, c, cnt, len))
+		return SK_PASS;
 
 	/* The program runs again only once the kernel used up the window the
 	 * previous verdict opened: its rest was redirected, count it now. */

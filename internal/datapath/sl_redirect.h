@@ -34,22 +34,23 @@ static __always_inline void count_redirect(struct sl_sock *st, struct sl_conn *c
  * st->check_left bytes ago (valve_room, peer_backlogged), with the valve
  * closed, no window's bytes left to count, the messages counted since
  * within the peer's budget and the owner's charge (msgs_quota), and no
- * capture running. (A window the verdict could open there, with a budget
+ * capture of this connection running (capture_of). (A window the verdict could open there, with a budget
  * of messages larger than the send's window, is left out: it only saves
  * verdicts.) The full verdict reads a dozen map values and fields, each a
  * cache line the send's copy has pushed out, and cost a 16 KiB send about
  * 170 ns more than the bare redirect's program; this path touches the
  * socket's state, its direction's counts and path in the connection, the
- * capture settings and the counters (docs/benchmarks.md, The fast path).
+ * capture settings and the counters (docs/benchmarks.md, The fast path;
+ * sl_msg looks the counters up once for either path).
  * Anything else, or a redirect that misses, takes the full verdict.
  * A global function: the verifier checks it once, on its own; inlined, or
  * as a static subprogram, each of its ways out entered the verdict as a
  * state of its own and more than doubled sl_msg's verification. */
-__noinline int fast_send(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, __u32 dir, __u32 len)
+__noinline int fast_send(struct sk_msg_md *msg, struct sl_sock *st, struct sl_conn *c, struct sl_counters *cnt, __u32 len)
 {
 	if (!msg || !st || !c)
 		return 0;
-	dir &= 1;
+	__u32 dir = st->role & 1;
 	if (st->path != SL_PATH_BYPASS || c->path[dir] != SL_PATH_BYPASS || len < sl_settings.verdict_window)
 		return 0;
 	if (st->check_left <= len || st->win_left || st->valve || st->valve_mark || st->over_since)
@@ -61,16 +62,13 @@ __noinline int fast_send(struct sk_msg_md *msg, struct sl_sock *st, struct sl_co
 	__u32 held = msgs_counted(st);
 	if (held >= msg_budget() - 1 || held >= c->msgs_charged[dir])
 		return 0;
-	__u32 zero = 0;
-	struct sl_capture_cfg *cfg = bpf_map_lookup_elem(&sl_cap_settings, &zero);
-	if (!cfg || cfg->until_ns)
+	if (capture_of(c))
 		return 0;
 	/* The key from the stack: 6.1 takes no argument's memory for one. */
 	__u32 peer = st->peer_id;
 	if (bpf_msg_redirect_hash(msg, &sl_sockhash, &peer, BPF_F_INGRESS) != SK_PASS)
 		return 0;
 	st->check_left -= len;
-	struct sl_counters *cnt = counters();
 	count_redirect(st, c, cnt, dir, len, 0, 0);
 	if (cnt)
 		cnt->c[SL_C_REDIRECT_FAST]++;

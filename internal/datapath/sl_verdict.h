@@ -273,9 +273,10 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 	held = msgs_held(st, offset, queued);
 	*mroom = held < budget ? budget - 1 - held : 0;
 	if (queued <= limit && held < budget) {
+		__u64 room = limit - queued;
 		st->over_since = 0;
-		if (limit - queued > SL_BACKLOG_CHECK_BYTES)
-			st->check_left = limit - queued < SL_ROOM_CHECK_BYTES ? limit - queued : SL_ROOM_CHECK_BYTES;
+		if (room > SL_BACKLOG_CHECK_BYTES)
+			st->check_left = room < SL_ROOM_CHECK_BYTES ? room : SL_ROOM_CHECK_BYTES;
 		return 0;
 	}
 	int msgs = queued <= limit;
