@@ -116,6 +116,10 @@ type Options struct {
 	// for good instead of pushing its writer back through TCP (the valve,
 	// the default where the kernel runs it: see datapath.Settings).
 	SlowReadersTCP bool
+	// BareStreamVerdict gives the bare redirect a pass-through sk_skb
+	// stream verdict, as the valve gives socklane's map: both then read
+	// through the kernel's parser receive path (bare.Options).
+	BareStreamVerdict bool
 	// DefaultSettings loads the datapath as the agent does by default
 	// (blocking readers decided per process, as the kernel's bugs say)
 	// instead of bypassing every connection: each bypass sample then
@@ -234,6 +238,9 @@ type Report struct {
 	// DefaultSettings: the datapath ran with the agent's defaults
 	// (--default-settings).
 	DefaultSettings bool `json:"default_settings,omitempty"`
+	// BareStreamVerdict: the bare redirect had a stream verdict
+	// (--bare-stream-verdict).
+	BareStreamVerdict bool `json:"bare_stream_verdict,omitempty"`
 	// Settings are what socklane's datapath was loaded with (the
 	// defaults resolved on this kernel, or the bench's own).
 	Settings datapath.Settings `json:"settings"`
@@ -336,7 +343,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	defer os.RemoveAll(sockDir)
 
-	ref, err := bare.Load()
+	ref, err := bare.Load(bare.Options{StreamVerdict: o.BareStreamVerdict})
 	if err != nil {
 		return nil, err
 	}
@@ -370,7 +377,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 
 	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), Congestion: congestion(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief,
-		BypassSmallStreams: o.BypassSmallStreams, DefaultSettings: o.DefaultSettings, Scenarios: map[string]string{}}
+		BypassSmallStreams: o.BypassSmallStreams, DefaultSettings: o.DefaultSettings, BareStreamVerdict: o.BareStreamVerdict, Scenarios: map[string]string{}}
 	if rep.Settings, err = dp.Settings(); err != nil {
 		return nil, fmt.Errorf("reading the datapath's settings: %w", err)
 	}

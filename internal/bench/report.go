@@ -82,6 +82,9 @@ func (r *Report) Markdown(w io.Writer) {
 	} else {
 		fmt.Fprintln(w, "A direction whose reader fell behind left the bypass for good (the backlog rule: --slow-readers-tcp, or a kernel where the pushback through TCP cannot run).")
 	}
+	if r.BareStreamVerdict {
+		fmt.Fprintln(w, "The bare redirect had a pass-through stream verdict on its map (--bare-stream-verdict), as the valve has: both read through the kernel's parser receive path.")
+	}
 	if !r.BPFStats {
 		fmt.Fprintln(w, "BPF run-time statistics were off (--bpf-stats=false): no per-program cost is reported.")
 	}

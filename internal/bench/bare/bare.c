@@ -12,7 +12,14 @@
  * accounting but the counters the bench reads to prove the path was
  * taken. A send whose peer is not in the map (not yet, or not local)
  * goes over TCP. Loaded and attached by the bench only, to the bench's
- * own pods, never by the agent. */
+ * own pods, never by the agent.
+ *
+ * With a stream verdict (sl_bare_skb, the bench's --bare-stream-verdict)
+ * the map also carries what socklane's valve puts on its own: an sk_skb
+ * verdict that passes TCP's bytes into the psock's queue. Any such
+ * verdict on a map makes its sockets read through the kernel's parser
+ * receive path (tcp_bpf_recvmsg_parser) instead of tcp_bpf_recvmsg, so
+ * the two redirects then differ by socklane's programs only. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -36,7 +43,8 @@ enum sl_bare_counter {
 	SL_BARE_MISSED = 1,            /* sends with no peer in the map: TCP */
 	SL_BARE_JOINED = 2,            /* sockets put in the map */
 	SL_BARE_JOIN_FAILED = 3,       /* sockets the map refused */
-	SL_BARE_COUNTERS = 4,
+	SL_BARE_SKB_PASSED = 4,        /* TCP segments the stream verdict passed */
+	SL_BARE_COUNTERS = 5,
 };
 
 struct {
@@ -122,5 +130,16 @@ int sl_bare_msg(struct sk_msg_md *msg)
 		return SK_PASS;
 	}
 	count(SL_BARE_MISSED);
+	return SK_PASS;
+}
+
+/* The stream verdict of --bare-stream-verdict: TCP's bytes for a socket
+ * in the map pass into its psock's queue, as socklane's sl_skb passes
+ * them (which also trims retransmitted heads: none reach a bench pod's
+ * sockets, whose bytes are redirected once both ends joined). */
+SEC("sk_skb/stream_verdict")
+int sl_bare_skb(struct __sk_buff *skb)
+{
+	count(SL_BARE_SKB_PASSED);
 	return SK_PASS;
 }

@@ -12,22 +12,38 @@ import (
 )
 
 // Path is the loaded reference datapath: its programs, its SOCKHASH
-// with the sk_msg program attached, and the cgroups it is attached to.
+// with the sk_msg program (and the stream verdict, if asked for)
+// attached, and the cgroups it is attached to.
 type Path struct {
 	objs  bareObjects
+	maps  []link.RawAttachProgramOptions // the programs attached to the map
 	links []link.Link
 }
 
-// Load loads the programs and attaches the sk_msg program to the map;
-// nothing is attached to a cgroup yet.
-func Load() (*Path, error) {
+// Options are how the reference is loaded.
+type Options struct {
+	// StreamVerdict also attaches a pass-through sk_skb stream verdict to
+	// the map, as socklane's valve does: the sockets then read through the
+	// kernel's parser receive path, as socklane's do under the valve.
+	StreamVerdict bool
+}
+
+// Load loads the programs and attaches them to the map; nothing is
+// attached to a cgroup yet.
+func Load(o Options) (*Path, error) {
 	p := &Path{}
 	if err := loadBareObjects(&p.objs, nil); err != nil {
 		return nil, fmt.Errorf("loading the bare redirect: %w", err)
 	}
-	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.objs.SlBareSocks.FD(), Program: p.objs.SlBareMsg, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
-		p.objs.Close()
-		return nil, fmt.Errorf("attaching the bare redirect's sk_msg program: %w", err)
+	attach := []link.RawAttachProgramOptions{{Target: p.objs.SlBareSocks.FD(), Program: p.objs.SlBareMsg, Attach: ebpf.AttachSkMsgVerdict}}
+	if o.StreamVerdict {
+		attach = append(attach, link.RawAttachProgramOptions{Target: p.objs.SlBareSocks.FD(), Program: p.objs.SlBareSkb, Attach: ebpf.AttachSkSKBStreamVerdict})
+	}
+	for _, a := range attach {
+		if err := link.RawAttachProgram(a); err != nil {
+			return nil, errors.Join(fmt.Errorf("attaching the bare redirect's %s program: %w", a.Attach, err), p.Close())
+		}
+		p.maps = append(p.maps, a)
 	}
 	return p, nil
 }
@@ -55,9 +71,10 @@ func (p *Path) Detach() error {
 	return errors.Join(errs...)
 }
 
-// Counts are the sends redirected and those that found no peer, and the
-// sockets put in the map and refused by it.
-type Counts struct{ Redirected, Missed, Joined, JoinFailed uint64 }
+// Counts are the sends redirected and those that found no peer, the
+// sockets put in the map and refused by it, and the TCP segments the
+// stream verdict passed.
+type Counts struct{ Redirected, Missed, Joined, JoinFailed, SkbPassed uint64 }
 
 // Counts reads the counters, summed over CPUs.
 func (p *Path) Counts() (Counts, error) {
@@ -67,6 +84,7 @@ func (p *Path) Counts() (Counts, error) {
 		bareSlBareCounterSL_BARE_MISSED:      &c.Missed,
 		bareSlBareCounterSL_BARE_JOINED:      &c.Joined,
 		bareSlBareCounterSL_BARE_JOIN_FAILED: &c.JoinFailed,
+		bareSlBareCounterSL_BARE_SKB_PASSED:  &c.SkbPassed,
 	} {
 		var per []uint64
 		if err := p.objs.SlBareCounts.Lookup(uint32(key), &per); err != nil {
@@ -81,14 +99,19 @@ func (p *Path) Counts() (Counts, error) {
 
 // Programs are the reference's programs (for their run-time statistics).
 func (p *Path) Programs() []*ebpf.Program {
-	return []*ebpf.Program{p.objs.SlBareSockops, p.objs.SlBareMsg}
+	progs := []*ebpf.Program{p.objs.SlBareSockops}
+	for _, a := range p.maps {
+		progs = append(progs, a.Program)
+	}
+	return progs
 }
 
 // Close detaches and unloads everything.
 func (p *Path) Close() error {
-	err := p.Detach()
-	if derr := link.RawDetachProgram(link.RawDetachProgramOptions{Target: p.objs.SlBareSocks.FD(), Program: p.objs.SlBareMsg, Attach: ebpf.AttachSkMsgVerdict}); err == nil {
-		err = derr
+	errs := []error{p.Detach()}
+	for _, a := range p.maps {
+		errs = append(errs, link.RawDetachProgram(link.RawDetachProgramOptions(a)))
 	}
-	return errors.Join(err, p.objs.Close())
+	p.maps = nil
+	return errors.Join(append(errs, p.objs.Close())...)
 }

@@ -20,7 +20,8 @@ const (
 	bareSlBareCounterSL_BARE_MISSED      bareSlBareCounter = 1
 	bareSlBareCounterSL_BARE_JOINED      bareSlBareCounter = 2
 	bareSlBareCounterSL_BARE_JOIN_FAILED bareSlBareCounter = 3
-	bareSlBareCounterSL_BARE_COUNTERS    bareSlBareCounter = 4
+	bareSlBareCounterSL_BARE_SKB_PASSED  bareSlBareCounter = 4
+	bareSlBareCounterSL_BARE_COUNTERS    bareSlBareCounter = 5
 )
 
 type bareSlBareKey struct {
@@ -39,6 +40,7 @@ const (
 	bareMapSlBareCounts   = "sl_bare_counts"
 	bareMapSlBareSocks    = "sl_bare_socks"
 	bareProgSlBareMsg     = "sl_bare_msg"
+	bareProgSlBareSkb     = "sl_bare_skb"
 	bareProgSlBareSockops = "sl_bare_sockops"
 )
 
@@ -85,6 +87,7 @@ type bareSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bareProgramSpecs struct {
 	SlBareMsg     *ebpf.ProgramSpec `ebpf:"sl_bare_msg"`
+	SlBareSkb     *ebpf.ProgramSpec `ebpf:"sl_bare_skb"`
 	SlBareSockops *ebpf.ProgramSpec `ebpf:"sl_bare_sockops"`
 }
 
@@ -144,12 +147,14 @@ type bareVariables struct {
 // It can be passed to loadBareObjects or ebpf.CollectionSpec.LoadAndAssign.
 type barePrograms struct {
 	SlBareMsg     *ebpf.Program `ebpf:"sl_bare_msg"`
+	SlBareSkb     *ebpf.Program `ebpf:"sl_bare_skb"`
 	SlBareSockops *ebpf.Program `ebpf:"sl_bare_sockops"`
 }
 
 func (p *barePrograms) Close() error {
 	return _BareClose(
 		p.SlBareMsg,
+		p.SlBareSkb,
 		p.SlBareSockops,
 	)
 }
