@@ -728,6 +728,7 @@ int sl_msg(struct sk_msg_md *msg)
 	struct sl_counters *cnt = counters();
 	if (fast_send(msg, st, c, cnt, len))
 		return SK_PASS;
+	st->fast_small = 0;
 
 	/* The program runs again only once the kernel used up the window the
 	 * previous verdict opened: its rest was redirected, count it now. */
@@ -793,9 +794,14 @@ int sl_msg(struct sk_msg_md *msg)
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
 			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
 				__u32 window = 0;
+				/* Without a window, the next small sends may skip
+				 * the verdict where the count just read leaves no
+				 * window room for them either (fast_send). */
+				st->fast_small = SL_WINDOW_SENDS;
 				if (win && !bpf_msg_apply_bytes(msg, win)) {
 					st->win_left = win - len;
 					window = win;
+					st->fast_small = 0;
 				}
 				count_redirect(st, c, cnt, dir, len, window, redirected);
 				if (cap)

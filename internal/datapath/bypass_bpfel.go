@@ -254,7 +254,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 43
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 44
 )
 
 type bypassSlListener struct {
@@ -412,7 +412,8 @@ type bypassSlSock struct {
 	ClampSaved  uint32
 	CwndSaved   uint32
 	CwndClamped uint8
-	Pad         [7]uint8
+	FastSmall   uint8
+	Pad         [6]uint8
 }
 
 type bypassSlTuple struct {

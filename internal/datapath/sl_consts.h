@@ -90,7 +90,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 43,
+	SL_LAYOUT_VERSION = 44,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

@@ -213,7 +213,10 @@ struct sl_sock {
 	__u32 clamp_saved; /* the TCP_WINDOW_CLAMP the valve's replaced, restored when it ends */
 	__u32 cwnd_saved;  /* the congestion window clamp valve_cwnd replaced */
 	__u8 cwnd_clamped; /* this socket's congestion window is the valve's (valve_cwnd) */
-	__u8 pad[7];
+	__u8 fast_small;   /* sends under the verdict window fast_send may still
+			    * take: SL_WINDOW_SENDS after a full verdict that
+			    * redirected without a window, else 0 */
+	__u8 pad[6];
 };
 
 /* sl_skb_seqs' value: the sequence number after the last TCP segment

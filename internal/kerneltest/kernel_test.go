@@ -20,6 +20,7 @@ import (
 	"github.com/socklane/socklane/internal/bpffs"
 	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/service"
 	"github.com/socklane/socklane/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -41,32 +42,21 @@ func TestMain(m *testing.M) {
 func runRole(role string, args []string) error {
 	switch role {
 	case "echo": // ADDR: echo every connection with read/write (not io.Copy, which splices)
-		ln, err := net.Listen("tcp", args[0])
-		if err != nil {
-			return err
-		}
-		fmt.Println("listening")
-		for {
-			c, err := ln.Accept()
+		return serveEcho(args[0], nil)
+	case "late-echo": // ADDR: echo, each connection's first read once 3 MiB are queued (FIONREAD), or after 2 s
+		return serveEcho(args[0], func(c net.Conn) {
+			raw, err := c.(*net.TCPConn).SyscallConn()
 			if err != nil {
-				return err
+				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
+			for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				queued := 0
+				_ = raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+				if queued >= 3<<20 {
+					return
 				}
-			}()
-		}
+			}
+		})
 	case "blocking-echo": // PORT: a blocking server, one connection at a time
 		port, _ := strconv.Atoi(args[0])
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
@@ -127,6 +117,29 @@ func runRole(role string, args []string) error {
 		return nil
 	}
 	return fmt.Errorf("unknown role %q", role)
+}
+
+// serveEcho listens on addr and echoes every connection with read/write
+// (not io.Copy, which splices), after first(conn) returns where given.
+func serveEcho(addr string, first func(net.Conn)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening")
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			if first != nil {
+				first(c)
+			}
+			peer.EchoLoop(c, make([]byte, 64<<10))
+		}()
+	}
 }
 
 // stream sends size pseudo-random bytes in writes of write bytes (0:
@@ -349,14 +362,20 @@ func TestSendWindows(t *testing.T) {
 		name    string
 		write   int
 		windows bool
+		late    bool // the echo reads once 3 MiB are queued
 	}{
-		{"1 KiB writes", 1 << 10, true},
-		{"16 KiB writes", 16 << 10, false},
+		{"1 KiB writes", 1 << 10, true, false},
+		{"16 KiB writes", 16 << 10, false, false},
+		{"1 KiB writes to a late reader", 1 << 10, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newNode(t)
 			addr := fmt.Sprintf("127.0.0.1:%d", 7704+i)
-			n.server("echo", addr)
+			server := "echo"
+			if tc.late {
+				server = "late-echo"
+			}
+			n.server(server, addr)
 			before := n.counters()
 			const size = 4 << 20
 			n.client(addr, 1, size, tc.write)
@@ -388,12 +407,18 @@ func TestSendWindows(t *testing.T) {
 				t.Errorf("%d verdicts, %d of them opening a window, for the client's %d writes of %d bytes: want windows of 256 KiB on this kernel",
 					d["redirect_msgs"], d["redirect_windows"], sends, tc.write)
 			}
-			// Verdicts that read nothing of the reader (fast_send): only
-			// for sends of at least the verdict window (the echo's are,
-			// up to 64 KiB, in both rows), where the kernel counts queued
-			// bytes (else the reader's room is never known), and then for
-			// most of them: the echo keeps up, and the room found at a
-			// read covers up to 1 MiB of sends.
+			// Verdicts that read nothing of the reader (fast_send), where
+			// the kernel counts queued bytes (else the reader's room is
+			// never known): for most sends of at least the verdict window
+			// (the echo's are, up to 64 KiB, in every row; the echo keeps
+			// up, and the room found at a read covers up to 1 MiB of
+			// sends), and for smaller ones where the messages queued
+			// leave no window room in the budget's first half: most of
+			// the late reader's (its first window alone counts 3,073
+			// messages at its worst). Without that path the late row
+			// counted 59 (the echo's own sends), with it 4,070 of 4,145
+			// verdicts on 6.18; the 1 KiB row kept its windows (815 of
+			// 3,215 verdicts, against 341 of 3,656 before).
 			switch fast := d["redirect_fast"]; {
 			case fast > d["redirect_msgs"]:
 				t.Errorf("%d fast verdicts of %d verdicts", fast, d["redirect_msgs"])
@@ -401,6 +426,8 @@ func TestSendWindows(t *testing.T) {
 				t.Errorf("%d fast verdicts on a kernel whose sk_psock counts no queued bytes, want none", fast)
 			case !tc.windows && n.dp.Features().PsockMsgTotLen && fast < sends/4:
 				t.Errorf("%d fast verdicts for the client's %d writes of %d bytes (and the echo's), want a quarter of them at least", fast, sends, tc.write)
+			case tc.late && n.dp.Features().PsockMsgTotLen && fast < sends/2:
+				t.Errorf("%d fast verdicts for the client's %d writes of %d bytes to a late reader, want half of them at least", fast, sends, tc.write)
 			}
 			// Every byte counted once: redirected, or passed to TCP while
 			// the valve (the default where the kernel runs it) held a writer ahead of its

@@ -241,11 +241,16 @@ func Echo(ctx context.Context, addr string, mode IO, ready func(string)) error {
 func echoConn(c benchConn, bufs *sync.Pool) {
 	b := bufs.Get().(*[]byte)
 	defer bufs.Put(b)
-	buf := *b
+	EchoLoop(c, *b)
+}
+
+// EchoLoop writes back what it reads from rw, through buf, until a read
+// or a write fails: one read and one write a message, never a splice.
+func EchoLoop(rw io.ReadWriter, buf []byte) {
 	for {
-		n, err := c.Read(buf)
+		n, err := rw.Read(buf)
 		if n > 0 {
-			if _, werr := c.Write(buf[:n]); werr != nil {
+			if _, werr := rw.Write(buf[:n]); werr != nil {
 				return
 			}
 		}
