@@ -112,7 +112,7 @@ func eachEntry[K, V any](m *ebpf.Map, what string, fn func(K, V)) error {
 // LocalSyns is how many SYNs sl_local_syns holds for clients of this node
 // (answered by a listener of an attached cgroup where the valve runs; a
 // client that finds its own at its handshake's end takes it: on_syn in
-// bypass.c), and how many it can hold: an LRU, whose oldest go first.
+// sl_establish.h), and how many it can hold: an LRU, whose oldest go first.
 func (d *Datapath) LocalSyns() (held, capacity int, err error) {
 	err = eachEntry(d.objs.SlLocalSyns, bypassMapSlLocalSyns, func(bypassSlTuple, uint8) { held++ })
 	return held, int(d.objs.SlLocalSyns.MaxEntries()), err

@@ -72,7 +72,7 @@ enum sl_counter {
 				       * them, or longer than SL_SKB_TRIM_MAX), or a socket whose segments
 				       * could not be followed (sl_skb_seqs full): delivered twice */
 	SL_C_CC_UNPACED,              /* bypassed sockets whose congestion control paces (BBR) given one
-				       * that does not before it started (unpace in bypass.c) */
+				       * that does not before it started (unpace in sl_valve_tcp.h) */
 	SL_C_VALVE_CLAMPS,            /* bypassed sockets' TCP windows clamped to SL_VALVE_WINDOW, at
 				       * their transmits (again after autotuning raised the clamp) */
 	SL_C_VALVE_UNCLAMPS,          /* such windows' clamps ended (the socket's incoming direction moved
@@ -80,7 +80,7 @@ enum sl_counter {
 				       * or autotuning had set another since */
 	SL_C_VALVE_CWND_CLAMPS,       /* bypassed sockets whose open valve passed sends under
 				       * SL_VALVE_SMALL_SEND given a congestion window of
-				       * SL_VALVE_SMALL_CWND (valve_cwnd in bypass.c) */
+				       * SL_VALVE_SMALL_CWND (valve_cwnd in sl_valve_tcp.h) */
 	SL_C_MAX,
 };
 
@@ -291,7 +291,7 @@ enum sl_lowat {
 };
 #define SL_VALVE_LOWAT (16 << 10)
 /* The window a bypassed socket's TCP offers its peer while the valve may
- * pass the peer's sends (TCP_WINDOW_CLAMP; valve_window in bypass.c):
+ * pass the peer's sends (TCP_WINDOW_CLAMP; valve_window in sl_valve_tcp.h):
  * redirected bytes send no ACK, so each time the valve opens the writer's
  * TCP sends the whole window the reader last offered, 170-270 KB under
  * autotuning, and those bytes go the slow way. */
@@ -305,7 +305,7 @@ enum sl_lowat {
  * TestMessageBudget), and TCP's buffer growth (tcp_clamp_window) lets
  * them in. While the open valve passes sends under SL_VALVE_SMALL_SEND
  * bytes, the writer's congestion window is clamped to SL_VALVE_SMALL_CWND
- * segments (TCP_BPF_SNDCWND_CLAMP; valve_cwnd in bypass.c): the sends the
+ * segments (TCP_BPF_SNDCWND_CLAMP; valve_cwnd in sl_valve_tcp.h): the sends the
  * window holds back merge into the unsent tail of TCP's write queue, so a
  * segment carries what the writer wrote in a round trip, not one send. */
 #define SL_VALVE_SMALL_SEND 512

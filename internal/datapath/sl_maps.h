@@ -92,7 +92,7 @@ struct {
 /* The connections a listener of an attached cgroup answered with a
  * SYN-ACK, keyed by the tuple its client will have (sequence numbers 0: a
  * request socket has none to read), so that the client learns at its
- * handshake's end that its server is on this node (unpace in bypass.c).
+ * handshake's end that its server is on this node (unpace in sl_valve_tcp.h).
  * Added at the SYN, removed by the client; an LRU, so that SYNs from
  * other nodes' clients, or a pod's flood of them, only age entries out:
  * a client whose entry went keeps its congestion control. */

@@ -370,7 +370,7 @@ static __noinline __u32 valve_limit(struct sock *peer)
  * the offered window free: TCP's first segment past the buffer raises it
  * to what is queued (tcp_clamp_window), and its windows then follow the
  * room left, as for TCP's own bytes. The window the valve's clamp keeps
- * at 64 KiB (valve_window in bypass.c) makes that flight small.
+ * at 64 KiB (valve_window in sl_valve_tcp.h) makes that flight small.
  * A send into a queue at most half the limit is redirected whatever its
  * size (a request or response larger than the limit keeps the bypass
  * while its reader keeps up): the queue is bounded by half the limit plus
