@@ -341,14 +341,11 @@ int sl_msg(struct sk_msg_md *msg)
 		if (win > room)
 			win = room > len ? room : 0;
 		/* A window may cover as many sends as it has bytes beyond
-		 * this one's (msgs_held), so windows take only the first half
-		 * of the peer's budget of messages: past it, a verdict per
-		 * send counts them exactly. A window cut short ends at a whole
-		 * number of sends of this size (else it splits the send that
-		 * crosses its end in two messages and two verdicts); a large
-		 * send's is then gone. */
-		__u32 half = msg_budget() / 2;
-		__u32 avail = mroom > half ? mroom - half : 0;
+		 * this one's (msgs_held): it takes what window_avail leaves.
+		 * A window cut short ends at a whole number of sends of this
+		 * size (else it splits the send that crosses its end in two
+		 * messages and two verdicts); a large send's is then gone. */
+		__u32 avail = window_avail(mroom, msg_budget());
 		if (win > (__u64)len + avail)
 			win = len < sl_settings.verdict_window && avail >= len ? len + avail / len * len : 0;
 		/* What the connection's owner may hold over all its

@@ -74,8 +74,8 @@ __noinline int fast_send(struct sk_msg_md *msg, struct sl_sock *st, struct sl_co
 	if (held >= budget - 1 || held >= c->msgs_charged[dir])
 		return 0;
 	int small = len < sl_settings.verdict_window;
-	/* The verdict's window room: what the budget's first half leaves. */
-	if (small && (len < SL_STREAM_SMALL || !st->fast_small || budget - 1 - held >= budget / 2 + len))
+	/* The room the verdict would size a window by (window_avail). */
+	if (small && (len < SL_STREAM_SMALL || !st->fast_small || window_avail(budget - 1 - held, budget) >= len))
 		return 0;
 	if (capture_of(c))
 		return 0;

@@ -234,6 +234,18 @@ static __noinline int msgs_quota(struct sl_sock *st, struct sl_conn *c, __u32 le
 	return 1;
 }
 
+/* The messages a verdict window may add where the peer may still take
+ * mroom after the send, of a budget of budget (msg_budget): windows take
+ * only its first half (a window counts at its worst, a message per byte
+ * beyond its send; past the half a verdict per send counts them
+ * exactly). sl_msg sizes its windows by it, and fast_send takes a small
+ * send only where it leaves no window. */
+static __always_inline __u32 window_avail(__u32 mroom, __u32 budget)
+{
+	__u32 half = budget / 2;
+	return mroom > half ? mroom - half : 0;
+}
+
 /* Whether the direction of st should leave the bypass because its peer
  * is not reading: the kernel charges redirected bytes to the receiver but
  * never compares them with its buffer, so without this a slow reader grows
