@@ -24,10 +24,12 @@ type statusReport struct {
 	Decided []string `json:"decided,omitempty"`
 	// The settings the running datapath was loaded with (nil: they could
 	// not be read, e.g. from a datapath an older socklane loaded).
-	Settings    *datapath.Settings                `json:"settings,omitempty"`
-	Attachments []datapath.Attachment             `json:"attachments"`
-	Sockets     int                               `json:"bypassed_sockets"`
-	Counters    datapath.Counts[datapath.Counter] `json:"counters"`
+	Settings    *datapath.Settings    `json:"settings,omitempty"`
+	Attachments []datapath.Attachment `json:"attachments"`
+	Sockets     int                   `json:"bypassed_sockets"`
+	// Of them, per socket map: with the valve's verdict, or plain.
+	SocketMaps datapath.SocketCounts             `json:"socket_maps"`
+	Counters   datapath.Counts[datapath.Counter] `json:"counters"`
 	// Destinations whose recent connections were brief, per network
 	// namespace: from SL_BRIEF_LEARN in a row, their connections stay on TCP.
 	Brief []datapath.BriefDest `json:"brief_destinations"`
@@ -84,9 +86,10 @@ func newStatusCmd(g *globals) *cobra.Command {
 					rep.Attachments[i].Path = names[rep.Attachments[i].CgroupID]
 				}
 			}
-			if rep.Sockets, err = dp.Sockets(); err != nil {
+			if rep.SocketMaps, err = dp.SocketsByMap(); err != nil {
 				return err
 			}
+			rep.Sockets = rep.SocketMaps.Total()
 			if rep.Counters, err = dp.Counters(); err != nil {
 				return err
 			}
@@ -141,7 +144,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(w, "decided\t%s\n", d)
 				}
 			}
-			fmt.Fprintf(w, "bypassed sockets\t%d\n", rep.Sockets)
+			fmt.Fprintf(w, "bypassed sockets\t%d\twith the valve's verdict %d\tplain %d\n", rep.Sockets, rep.SocketMaps.Valve, rep.SocketMaps.Plain)
 			for _, a := range rep.Attachments {
 				fmt.Fprintf(w, "attached\t%s\tcgroup id %d\tlink %d\n", a.Path, a.CgroupID, a.LinkID)
 			}

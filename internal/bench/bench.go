@@ -116,6 +116,10 @@ type Options struct {
 	// for good instead of pushing its writer back through TCP (the valve,
 	// the default where the kernel runs it: see datapath.Settings).
 	SlowReadersTCP bool
+	// CalmPlain lets connections to a destination learned calm join
+	// without the valve's verdict (the datapath's --calm-destinations
+	// plain).
+	CalmPlain bool
 	// BareStreamVerdict gives the bare redirect a pass-through sk_skb
 	// stream verdict, as the valve gives socklane's map: both then read
 	// through the kernel's parser receive path (bare.Options).
@@ -157,6 +161,9 @@ type Sample struct {
 	ValveOpens      uint64 `json:",omitempty"`
 	ValveBytes      uint64 `json:",omitempty"`
 	RedirectedBytes uint64 `json:",omitempty"`
+	// PlainConns: connections of the run that joined without the valve's
+	// verdict (conns_plain: --calm-destinations plain, learned calm).
+	PlainConns uint64 `json:",omitempty"`
 	// KeptOnTCP: with --default-settings, why a bypass sample's
 	// connections stayed on TCP (the largest fallback counter's name), if
 	// nothing was redirected.
@@ -326,6 +333,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.SlowReadersTCP {
 		settings.BacklogValve = datapath.ModeOff
+	}
+	if o.CalmPlain {
+		settings.CalmPlain = datapath.ModeOn
 	}
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, Settings: settings})
 	if err != nil {

@@ -127,8 +127,11 @@ func (d *Datapath) Attachments() ([]Attachment, error) { return Pins(d.cfg.PinDi
 // joins the bypass; live ones keep it.
 func (d *Datapath) DetachAll() (int, error) { return Pins(d.cfg.PinDir).DetachAll() }
 
-// Sockets counts the sockets currently in sl_sockhash.
+// Sockets counts the sockets currently in the socket maps.
 func (d *Datapath) Sockets() (int, error) { return Pins(d.cfg.PinDir).Sockets() }
+
+// SocketsByMap counts the sockets currently in each socket map.
+func (d *Datapath) SocketsByMap() (SocketCounts, error) { return Pins(d.cfg.PinDir).SocketsByMap() }
 
 // Remove unpins every object of the datapath; see Pins.Remove.
 func (d *Datapath) Remove() error { return Pins(d.cfg.PinDir).Remove() }

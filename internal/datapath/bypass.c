@@ -3,7 +3,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* socklane bypass datapath.
  *
- * sl_sockops puts both ends of a same-node TCP connection into sl_sockhash;
+ * sl_sockops puts both ends of a same-node TCP connection into a socket map
+ * (sl_sockhash with the valve's verdict, or sl_sockhash_plain);
  * sl_msg redirects each send straight into the peer socket's receive queue.
  *
  * One path per direction: a direction starts on the bypass only if no byte
@@ -67,6 +68,7 @@ struct sl_enums {
 	enum sl_mode mode;
 	enum sl_signals signals;
 	enum sl_sig_mask sig_mask;
+	enum sl_calm calm;
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
 
@@ -150,6 +152,9 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 				valve_credit(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk), skops->args[0]);
 			if (sl_settings.bypass_brief != SL_MODE_ON && st->role == SL_ROLE_CLIENT)
 				brief_note(c, word_state(c->word));
+			if (sl_settings.backlog_valve == SL_MODE_ON && sl_settings.calm_plain == SL_MODE_ON &&
+			    st->role == SL_ROLE_CLIENT)
+				calm_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
 			struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &st->slot);
 			if (socks && st->role == SL_ROLE_CLIENT)
@@ -165,7 +170,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	if (v && v->gen == st->gen)
 		evict_timer_drop(&id, v);
 	st->slot = SL_NO_SLOT;
-	if (sl_settings.backlog_valve == SL_MODE_ON) {
+	if (valve_on(st)) {
 		__u64 cookie = bpf_get_socket_cookie(skops);
 		bpf_map_delete_elem(&sl_skb_seqs, &cookie);
 	}
@@ -199,7 +204,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 	}
 	if (st->evict_peer) {
 		st->evict_peer = 0;
-		if (!bpf_map_delete_elem(&sl_sockhash, &st->peer_id))
+		if (!sock_leave(st, st->peer_id))
 			count(SL_C_EVICTIONS, 1);
 	}
 	/* The direction into this socket moved to TCP: leave the map once
@@ -220,7 +225,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 			pass_in = word_state(c->word) == SL_CONN_BYPASS;
 		}
 	}
-	if (sl_settings.backlog_valve == SL_MODE_ON)
+	if (valve_on(st))
 		valve_window(skops, sk, st, pass_in);
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
@@ -235,7 +240,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 			return;
 		}
 		st->evict = 0;
-		if (st->in_map && !bpf_map_delete_elem(&sl_sockhash, &st->self_id))
+		if (st->in_map && !sock_leave(st, st->self_id))
 			count(SL_C_EVICTIONS, 1);
 		st->in_map = 0;
 	}
@@ -334,7 +339,7 @@ int sl_msg(struct sk_msg_md *msg)
 		 * bypassed (reason 0), and a window never takes the peer's
 		 * queue past the valve's limit. */
 		__u32 room = ~0u, mroom = ~0u;
-		if (sl_settings.backlog_valve == SL_MODE_ON)
+		if (valve_on(st))
 			reason = (room = valve_room(msg, st, c, len, redirected + len, offset, &mroom)) ? SL_C_FALLBACK_PEER_GONE : 0;
 		else if (!peer_backlogged(st, dir ^ 1, redirected + len, offset, &mroom))
 			reason = SL_C_FALLBACK_PEER_GONE;
@@ -352,7 +357,7 @@ int sl_msg(struct sk_msg_md *msg)
 		 * connections: past it the valve opens, or the direction
 		 * moves to TCP, as past the peer's own budget. */
 		if (reason == SL_C_FALLBACK_PEER_GONE && msgs_quota(st, c, len, offset, &win)) {
-			if (sl_settings.backlog_valve == SL_MODE_ON) {
+			if (valve_on(st)) {
 				st->valve = 1;
 				st->valve_quota = 1;
 				count(SL_C_VALVE_OPENS, 1);
@@ -365,7 +370,7 @@ int sl_msg(struct sk_msg_md *msg)
 		if (reason == SL_C_FALLBACK_PEER_GONE && len < sl_settings.verdict_window && small_stream(msg, st, c, dir, len))
 			reason = SL_C_FALLBACK_SMALL_STREAM;
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
-			if (bpf_msg_redirect_hash(msg, &sl_sockhash, &st->peer_id, BPF_F_INGRESS) == SK_PASS) {
+			if (sock_redirect(msg, st, &st->peer_id) == SK_PASS) {
 				__u32 window = 0;
 				/* Without a window, the next small sends may skip
 				 * the verdict where the count just read leaves no

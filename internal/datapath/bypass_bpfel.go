@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bypassSlCalm uint32
+
+const (
+	bypassSlCalmSL_CALM_LEARN bypassSlCalm = 2
+)
+
 type bypassSlCapHdr struct {
 	_       structs.HostLayout
 	TsNs    uint64
@@ -54,6 +60,7 @@ type bypassSlConfig struct {
 	BypassBrief        bypassSlMode
 	BypassSmallStreams bypassSlMode
 	BacklogValve       bypassSlMode
+	CalmPlain          bypassSlMode
 	OwnerConns         uint32
 	OwnerListeners     uint32
 	OwnerLbConns       uint32
@@ -62,7 +69,6 @@ type bypassSlConfig struct {
 	OwnerEvictTimers   uint32
 	OwnerMsgs          uint32
 	LbHostOnly         bypassSlMode
-	_                  [4]byte
 	HostNetns          uint64
 	ListenerKptr       uint32
 	_                  [4]byte
@@ -84,7 +90,8 @@ type bypassSlConn struct {
 	Path        [2]uint8
 	Reason      [2]uint8
 	Signals     [2]uint8
-	Pad         uint16
+	ValveMap    uint8
+	Pad         uint8
 	MsgsCharged [2]uint32
 }
 
@@ -155,12 +162,13 @@ const (
 	bypassSlCounterSL_C_VALVE_CLAMPS            bypassSlCounter = 46
 	bypassSlCounterSL_C_VALVE_UNCLAMPS          bypassSlCounter = 47
 	bypassSlCounterSL_C_VALVE_CWND_CLAMPS       bypassSlCounter = 48
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 49
+	bypassSlCounterSL_C_CONNS_PLAIN             bypassSlCounter = 49
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 50
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [49]uint64
+	C [50]uint64
 }
 
 type bypassSlDefaults uint32
@@ -254,7 +262,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 44
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 45
 )
 
 type bypassSlListener struct {
@@ -413,7 +421,8 @@ type bypassSlSock struct {
 	CwndSaved   uint32
 	CwndClamped uint8
 	FastSmall   uint8
-	Pad         [6]uint8
+	ValveMap    uint8
+	Pad         [5]uint8
 }
 
 type bypassSlTuple struct {
@@ -448,6 +457,7 @@ const (
 const (
 	bypassMapSlBrief         = "sl_brief"
 	bypassMapSlBypassOptout  = "sl_bypass_optout"
+	bypassMapSlCalmDests     = "sl_calm_dests"
 	bypassMapSlCapSettings   = "sl_cap_settings"
 	bypassMapSlCapTokens     = "sl_cap_tokens"
 	bypassMapSlCapture       = "sl_capture"
@@ -468,6 +478,7 @@ const (
 	bypassMapSlSkState       = "sl_sk_state"
 	bypassMapSlSkbSeqs       = "sl_skb_seqs"
 	bypassMapSlSockhash      = "sl_sockhash"
+	bypassMapSlSockhashPlain = "sl_sockhash_plain"
 	bypassMapSlStats         = "sl_stats"
 	bypassProgSlMsg          = "sl_msg"
 	bypassProgSlReclaim      = "sl_reclaim"
@@ -533,29 +544,31 @@ type bypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
-	SlBrief        *ebpf.MapSpec `ebpf:"sl_brief"`
-	SlBypassOptout *ebpf.MapSpec `ebpf:"sl_bypass_optout"`
-	SlCapSettings  *ebpf.MapSpec `ebpf:"sl_cap_settings"`
-	SlCapTokens    *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
-	SlCapture      *ebpf.MapSpec `ebpf:"sl_capture"`
-	SlConnFree     *ebpf.MapSpec `ebpf:"sl_conn_free"`
-	SlConnIndex    *ebpf.MapSpec `ebpf:"sl_conn_index"`
-	SlConnNext     *ebpf.MapSpec `ebpf:"sl_conn_next"`
-	SlConnSocks    *ebpf.MapSpec `ebpf:"sl_conn_socks"`
-	SlConns        *ebpf.MapSpec `ebpf:"sl_conns"`
-	SlEvSettings   *ebpf.MapSpec `ebpf:"sl_ev_settings"`
-	SlEvents       *ebpf.MapSpec `ebpf:"sl_events"`
-	SlEvictTimers  *ebpf.MapSpec `ebpf:"sl_evict_timers"`
-	SlKernel       *ebpf.MapSpec `ebpf:"sl_kernel"`
-	SlLayout       *ebpf.MapSpec `ebpf:"sl_layout"`
-	SlListeners    *ebpf.MapSpec `ebpf:"sl_listeners"`
-	SlLocalSyns    *ebpf.MapSpec `ebpf:"sl_local_syns"`
-	SlOwners       *ebpf.MapSpec `ebpf:"sl_owners"`
-	SlSigScratch   *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
-	SlSkState      *ebpf.MapSpec `ebpf:"sl_sk_state"`
-	SlSkbSeqs      *ebpf.MapSpec `ebpf:"sl_skb_seqs"`
-	SlSockhash     *ebpf.MapSpec `ebpf:"sl_sockhash"`
-	SlStats        *ebpf.MapSpec `ebpf:"sl_stats"`
+	SlBrief         *ebpf.MapSpec `ebpf:"sl_brief"`
+	SlBypassOptout  *ebpf.MapSpec `ebpf:"sl_bypass_optout"`
+	SlCalmDests     *ebpf.MapSpec `ebpf:"sl_calm_dests"`
+	SlCapSettings   *ebpf.MapSpec `ebpf:"sl_cap_settings"`
+	SlCapTokens     *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
+	SlCapture       *ebpf.MapSpec `ebpf:"sl_capture"`
+	SlConnFree      *ebpf.MapSpec `ebpf:"sl_conn_free"`
+	SlConnIndex     *ebpf.MapSpec `ebpf:"sl_conn_index"`
+	SlConnNext      *ebpf.MapSpec `ebpf:"sl_conn_next"`
+	SlConnSocks     *ebpf.MapSpec `ebpf:"sl_conn_socks"`
+	SlConns         *ebpf.MapSpec `ebpf:"sl_conns"`
+	SlEvSettings    *ebpf.MapSpec `ebpf:"sl_ev_settings"`
+	SlEvents        *ebpf.MapSpec `ebpf:"sl_events"`
+	SlEvictTimers   *ebpf.MapSpec `ebpf:"sl_evict_timers"`
+	SlKernel        *ebpf.MapSpec `ebpf:"sl_kernel"`
+	SlLayout        *ebpf.MapSpec `ebpf:"sl_layout"`
+	SlListeners     *ebpf.MapSpec `ebpf:"sl_listeners"`
+	SlLocalSyns     *ebpf.MapSpec `ebpf:"sl_local_syns"`
+	SlOwners        *ebpf.MapSpec `ebpf:"sl_owners"`
+	SlSigScratch    *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
+	SlSkState       *ebpf.MapSpec `ebpf:"sl_sk_state"`
+	SlSkbSeqs       *ebpf.MapSpec `ebpf:"sl_skb_seqs"`
+	SlSockhash      *ebpf.MapSpec `ebpf:"sl_sockhash"`
+	SlSockhashPlain *ebpf.MapSpec `ebpf:"sl_sockhash_plain"`
+	SlStats         *ebpf.MapSpec `ebpf:"sl_stats"`
 }
 
 // bypassVariableSpecs contains global variables before they are loaded into the kernel.
@@ -586,35 +599,38 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
-	SlBrief        *ebpf.Map `ebpf:"sl_brief"`
-	SlBypassOptout *ebpf.Map `ebpf:"sl_bypass_optout"`
-	SlCapSettings  *ebpf.Map `ebpf:"sl_cap_settings"`
-	SlCapTokens    *ebpf.Map `ebpf:"sl_cap_tokens"`
-	SlCapture      *ebpf.Map `ebpf:"sl_capture"`
-	SlConnFree     *ebpf.Map `ebpf:"sl_conn_free"`
-	SlConnIndex    *ebpf.Map `ebpf:"sl_conn_index"`
-	SlConnNext     *ebpf.Map `ebpf:"sl_conn_next"`
-	SlConnSocks    *ebpf.Map `ebpf:"sl_conn_socks"`
-	SlConns        *ebpf.Map `ebpf:"sl_conns"`
-	SlEvSettings   *ebpf.Map `ebpf:"sl_ev_settings"`
-	SlEvents       *ebpf.Map `ebpf:"sl_events"`
-	SlEvictTimers  *ebpf.Map `ebpf:"sl_evict_timers"`
-	SlKernel       *ebpf.Map `ebpf:"sl_kernel"`
-	SlLayout       *ebpf.Map `ebpf:"sl_layout"`
-	SlListeners    *ebpf.Map `ebpf:"sl_listeners"`
-	SlLocalSyns    *ebpf.Map `ebpf:"sl_local_syns"`
-	SlOwners       *ebpf.Map `ebpf:"sl_owners"`
-	SlSigScratch   *ebpf.Map `ebpf:"sl_sig_scratch"`
-	SlSkState      *ebpf.Map `ebpf:"sl_sk_state"`
-	SlSkbSeqs      *ebpf.Map `ebpf:"sl_skb_seqs"`
-	SlSockhash     *ebpf.Map `ebpf:"sl_sockhash"`
-	SlStats        *ebpf.Map `ebpf:"sl_stats"`
+	SlBrief         *ebpf.Map `ebpf:"sl_brief"`
+	SlBypassOptout  *ebpf.Map `ebpf:"sl_bypass_optout"`
+	SlCalmDests     *ebpf.Map `ebpf:"sl_calm_dests"`
+	SlCapSettings   *ebpf.Map `ebpf:"sl_cap_settings"`
+	SlCapTokens     *ebpf.Map `ebpf:"sl_cap_tokens"`
+	SlCapture       *ebpf.Map `ebpf:"sl_capture"`
+	SlConnFree      *ebpf.Map `ebpf:"sl_conn_free"`
+	SlConnIndex     *ebpf.Map `ebpf:"sl_conn_index"`
+	SlConnNext      *ebpf.Map `ebpf:"sl_conn_next"`
+	SlConnSocks     *ebpf.Map `ebpf:"sl_conn_socks"`
+	SlConns         *ebpf.Map `ebpf:"sl_conns"`
+	SlEvSettings    *ebpf.Map `ebpf:"sl_ev_settings"`
+	SlEvents        *ebpf.Map `ebpf:"sl_events"`
+	SlEvictTimers   *ebpf.Map `ebpf:"sl_evict_timers"`
+	SlKernel        *ebpf.Map `ebpf:"sl_kernel"`
+	SlLayout        *ebpf.Map `ebpf:"sl_layout"`
+	SlListeners     *ebpf.Map `ebpf:"sl_listeners"`
+	SlLocalSyns     *ebpf.Map `ebpf:"sl_local_syns"`
+	SlOwners        *ebpf.Map `ebpf:"sl_owners"`
+	SlSigScratch    *ebpf.Map `ebpf:"sl_sig_scratch"`
+	SlSkState       *ebpf.Map `ebpf:"sl_sk_state"`
+	SlSkbSeqs       *ebpf.Map `ebpf:"sl_skb_seqs"`
+	SlSockhash      *ebpf.Map `ebpf:"sl_sockhash"`
+	SlSockhashPlain *ebpf.Map `ebpf:"sl_sockhash_plain"`
+	SlStats         *ebpf.Map `ebpf:"sl_stats"`
 }
 
 func (m *bypassMaps) Close() error {
 	return _BypassClose(
 		m.SlBrief,
 		m.SlBypassOptout,
+		m.SlCalmDests,
 		m.SlCapSettings,
 		m.SlCapTokens,
 		m.SlCapture,
@@ -635,6 +651,7 @@ func (m *bypassMaps) Close() error {
 		m.SlSkState,
 		m.SlSkbSeqs,
 		m.SlSockhash,
+		m.SlSockhashPlain,
 		m.SlStats,
 	)
 }

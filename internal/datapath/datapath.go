@@ -1,6 +1,6 @@
 // Package datapath loads, pins, attaches and reads the bypass datapath:
-// the sl_sockops program on cgroups, the sl_msg program on sl_sockhash, and
-// the maps they share.
+// the sl_sockops program on cgroups, the sl_msg program on the socket maps
+// (sl_sockhash and sl_sockhash_plain), and the maps they share.
 package datapath
 
 import (
@@ -209,12 +209,20 @@ func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 	if err := d.createPorts(); err != nil {
 		return nil, err
 	}
-	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
-		Target:  d.objs.SlSockhash.FD(),
-		Program: d.objs.SlMsg,
-		Attach:  ebpf.AttachSkMsgVerdict,
-	}); err != nil {
-		return nil, fmt.Errorf("attaching sk_msg to sl_sockhash: %w", err)
+	// sl_msg runs on both socket maps: the valve's and the plain one
+	// (connections whose listener never needed the valve, or all of them
+	// under --slow-readers tcp).
+	for _, m := range []struct {
+		name string
+		m    *ebpf.Map
+	}{{bypassMapSlSockhash, d.objs.SlSockhash}, {bypassMapSlSockhashPlain, d.objs.SlSockhashPlain}} {
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+			Target:  m.m.FD(),
+			Program: d.objs.SlMsg,
+			Attach:  ebpf.AttachSkMsgVerdict,
+		}); err != nil {
+			return nil, fmt.Errorf("attaching sk_msg to %s: %w", m.name, err)
+		}
 	}
 	// The valve's verdict: TCP's bytes join the redirected ones. The map
 	// holds the attachment, as it holds sl_msg's.

@@ -95,11 +95,42 @@ func (p Pins) DetachAll() (int, error) {
 	return n, nil
 }
 
-// Sockets counts the sockets currently in the socket map.
+// SocketCounts are the sockets in each socket map.
+type SocketCounts struct {
+	// Valve: in sl_sockhash, whose sk_skb verdict the valve needs (their
+	// reads take the kernel's parser receive path).
+	Valve int `json:"valve"`
+	// Plain: in sl_sockhash_plain (a listener learned calm, or the
+	// datapath runs without the valve).
+	Plain int `json:"plain"`
+}
+
+// Total is the number of bypassed sockets.
+func (s SocketCounts) Total() int { return s.Valve + s.Plain }
+
+// Sockets counts the sockets currently in the socket maps (the valve's
+// and the plain one).
 func (p Pins) Sockets() (int, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(string(p), bypassMapSlSockhash), nil)
+	s, err := p.SocketsByMap()
+	return s.Total(), err
+}
+
+// SocketsByMap counts the sockets currently in each socket map.
+func (p Pins) SocketsByMap() (SocketCounts, error) {
+	var s SocketCounts
+	var err error
+	if s.Valve, err = countPinnedKeys(filepath.Join(string(p), bypassMapSlSockhash)); err != nil {
+		return s, err
+	}
+	s.Plain, err = countPinnedKeys(filepath.Join(string(p), bypassMapSlSockhashPlain))
+	return s, err
+}
+
+// countPinnedKeys counts the keys of the socket map pinned at path.
+func countPinnedKeys(path string) (int, error) {
+	m, err := ebpf.LoadPinnedMap(path, nil)
 	if err != nil {
-		return 0, fmt.Errorf("opening pinned socket map: %w", err)
+		return 0, fmt.Errorf("opening pinned socket map %s: %w", filepath.Base(path), err)
 	}
 	defer m.Close()
 	var key, next uint32
@@ -111,7 +142,7 @@ func (p Pins) Sockets() (int, error) {
 			break
 		}
 		if err != nil {
-			return n, fmt.Errorf("iterating socket map: %w", err)
+			return n, fmt.Errorf("iterating socket map %s: %w", filepath.Base(path), err)
 		}
 		n++
 		key = next

@@ -262,4 +262,29 @@ static __always_inline void set_member_sock(struct bpf_sock *bsk, __u32 slot, __
 	}
 }
 
+/* Whether st's connection runs with the valve: loaded with it, and joined
+ * its map (valve_map); else a slow reader's direction moves to TCP. */
+static __always_inline int valve_on(const struct sl_sock *st)
+{
+	return sl_settings.backlog_valve == SL_MODE_ON && st->valve_map;
+}
+
+/* Redirects msg to the peer under key *peer, in the map st's connection
+ * joined. */
+static __always_inline long sock_redirect(struct sk_msg_md *msg, const struct sl_sock *st, __u32 *peer)
+{
+	if (st->valve_map)
+		return bpf_msg_redirect_hash(msg, &sl_sockhash, peer, BPF_F_INGRESS);
+	return bpf_msg_redirect_hash(msg, &sl_sockhash_plain, peer, BPF_F_INGRESS);
+}
+
+/* Takes the socket under key id (a member of st's connection) out of the
+ * socket map its connection joined (valve_map); 0 if it was there. */
+static __always_inline long sock_leave(const struct sl_sock *st, __u32 id)
+{
+	if (st->valve_map)
+		return bpf_map_delete_elem(&sl_sockhash, &id);
+	return bpf_map_delete_elem(&sl_sockhash_plain, &id);
+}
+
 #endif /* SL_CONN_H */

@@ -47,6 +47,14 @@ static __always_inline int server_local(const struct sl_tuple *t)
 	return 1;
 }
 
+/* Joins the socket map its connection chose (valve_map). */
+static __always_inline long sock_join(struct bpf_sock_ops *skops, struct sl_sock *st)
+{
+	if (st->valve_map)
+		return bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST);
+	return bpf_sock_hash_update(skops, &sl_sockhash_plain, &st->self_id, BPF_NOEXIST);
+}
+
 static __always_inline void on_active(struct bpf_sock_ops *skops)
 {
 	struct sl_tuple t;
@@ -158,9 +166,16 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	}
 
+	/* With the valve on, the connection joins the valve's map unless this
+	 * namespace's connections to its destination were learned calm; the
+	 * server follows. */
+	int plain = sl_settings.backlog_valve == SL_MODE_ON && sl_settings.calm_plain == SL_MODE_ON && calm_dest(&t, netns);
+	st->valve_map = sl_settings.backlog_valve == SL_MODE_ON && !plain;
+	c->valve_map = st->valve_map;
+
 	/* The client must be in the map before it is findable: the server
 	 * redirects to it as soon as it joins. */
-	if (bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST)) {
+	if (sock_join(skops, st)) {
 		count(SL_C_ERR_SOCKHASH, 1);
 		st->path = SL_PATH_TCP;
 		c->path[0] = c->path[1] = SL_PATH_TCP;
@@ -169,7 +184,9 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	}
 	st->in_map = 1;
-	if (sl_settings.backlog_valve == SL_MODE_ON && server_local(&t))
+	if (plain)
+		count(SL_C_CONNS_PLAIN, 1);
+	if (sl_settings.backlog_valve == SL_MODE_ON && server_local(&t) && st->valve_map)
 		unpace(skops);
 	struct sl_conn_ref ref = {.slot = slot, .gen = gen};
 	if (bpf_map_update_elem(&sl_conn_index, &t, &ref, BPF_ANY)) {
@@ -224,6 +241,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	st->win_left = 0;
 	st->over_since = 0;
 	st->check_left = 0;
+	st->valve_map = c->valve_map;
 	c->server_netns = bpf_get_netns_cookie(skops);
 	c->cookie[SL_ROLE_SERVER] = bpf_get_socket_cookie(skops);
 	set_member_sock(sk, slot, SL_ROLE_SERVER);
@@ -267,7 +285,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 		return;
 	}
 
-	if (bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST)) {
+	if (sock_join(skops, st)) {
 		count(SL_C_ERR_SOCKHASH, 1);
 		if (conn_decide(c, gen, SL_CONN_TCP, 0) == SL_CONN_TCP) {
 			count(SL_C_CONNS_TCP, 1);
@@ -279,7 +297,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	if (state != SL_CONN_BYPASS) {
 		/* The client already went to TCP: nobody redirected to us, so
 		 * leaving the map loses nothing. */
-		bpf_map_delete_elem(&sl_sockhash, &st->self_id);
+		sock_leave(st, st->self_id);
 		return;
 	}
 	st->in_map = 1;
@@ -287,7 +305,8 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	c->path[SL_ROLE_SERVER] = SL_PATH_BYPASS;
 	count(SL_C_CONNS_BYPASSED, 1);
 	conn_event(c, SL_EV_BYPASS, 0, 0, SL_ROLE_SERVER);
-	unpace(skops);
+	if (st->valve_map)
+		unpace(skops);
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
 }
 

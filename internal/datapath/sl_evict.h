@@ -72,7 +72,7 @@ static __always_inline int may_leave(__u32 slot, __u32 role, struct sock *self)
 }
 
 /* The timer of a socket waiting to leave the map (key: its key in
- * sl_sockhash): takes it out once it may leave, else checks again later
+ * sl_sockhash_plain: a socket of the valve's map has none, evict_later): takes it out once it may leave, else checks again later
  * (SL_EVICT_* in sl_consts.h). A slot of another generation (the socket
  * closed, its slot reused) or a closed member ends it. */
 static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
@@ -99,7 +99,7 @@ static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 	 * lookup, and sock_ops has no bpf_sk_release to drop it.) */
 	if (word_gen(c->word) != v->gen || member_sock(slot, role) != self)
 		goto done;
-	if (!bpf_map_delete_elem(&sl_sockhash, &id))
+	if (!bpf_map_delete_elem(&sl_sockhash_plain, &id))
 		count(SL_C_EVICTIONS, 1);
 done:
 	evict_timer_drop(key, v);
@@ -114,7 +114,7 @@ done:
  * second in softirq, charged to no process, so a pod whose connections
  * keep thousands of sockets waiting would have the node spend CPU for it.
  * Beyond the quota a socket is checked at its own transmits only.
- * Never with the valve: its sk_skb verdict puts TCP's bytes in the psock
+ * Never in the valve's map (valve_map): its sk_skb verdict puts TCP's bytes in the psock
  * queue too, where FIONREAD counts them, and it does so under the
  * socket's lock, which a timer does not hold. A timer that found the
  * queue empty could delete the socket just after a segment joined it,
@@ -123,7 +123,7 @@ done:
  * and take it out. */
 static __always_inline void evict_later(struct sl_sock *st, struct sl_conn *c)
 {
-	if (sl_settings.backlog_valve == SL_MODE_ON)
+	if (st->valve_map)
 		return;
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);

@@ -79,7 +79,9 @@ struct sl_conn {
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
 	__u8 signals[2];          /* enum sl_signals per member role (per-process mode) */
-	__u16 pad;
+	__u8 valve_map;           /* the members joined sl_sockhash, with the valve's verdict
+				   * (else sl_sockhash_plain): chosen by the client (on_active) */
+	__u8 pad;
 	__u32 msgs_charged[2];    /* messages charged to owner, per direction (msgs_quota) */
 };
 
@@ -162,16 +164,16 @@ struct sl_seed_args {
 
 /* Per-socket state in socket storage. */
 struct sl_sock {
-	__u32 self_id;   /* this socket's key in sl_sockhash */
-	__u32 peer_id;   /* the peer socket's key in sl_sockhash */
+	__u32 self_id;   /* this socket's key in its socket map (valve_map) */
+	__u32 peer_id;   /* the peer socket's key in the same map */
 	__u32 slot;      /* index into sl_conns */
 	__u32 gen;       /* generation of that slot when joined */
 	__u32 base_seq;  /* write_seq at establishment: detects bytes sent around sk_msg */
 	__u8 role;       /* enum sl_role */
 	__u8 path;       /* enum sl_path for this socket's sends */
-	__u8 evict;      /* leave sl_sockhash at the next sock_ops callback */
+	__u8 evict;      /* leave the socket map at the next sock_ops callback */
 	__u8 in_map;
-	__u8 evict_peer; /* remove the peer from sl_sockhash at the next callback */
+	__u8 evict_peer; /* remove the peer from the socket map at the next callback */
 	__u8 checked;    /* this socket's file mode was looked at */
 	__u8 learn;      /* a server kept on TCP for its listener (unknown, or
 			  * predicted blocking): learn the listener's mode from
@@ -216,7 +218,9 @@ struct sl_sock {
 	__u8 fast_small;   /* sends under the verdict window fast_send may still
 			    * take: SL_WINDOW_SENDS after a full verdict that
 			    * redirected without a window, else 0 */
-	__u8 pad[6];
+	__u8 valve_map;    /* in sl_sockhash, with the valve's verdict (else in
+			    * sl_sockhash_plain): its connection's valve_map */
+	__u8 pad[5];
 };
 
 /* sl_skb_seqs' value: the sequence number after the last TCP segment

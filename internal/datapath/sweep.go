@@ -87,6 +87,10 @@ func (d *Datapath) Sweep(owned func([]MemberSocket) (map[uint64]bool, error)) (S
 				st.Live++
 				return
 			}
+			if err := d.objs.SlSockhashPlain.Lookup(slot<<1|role, &cookie); err == nil {
+				st.Live++
+				return
+			}
 		}
 		cands = append(cands, cand{slot, *c})
 		for role := range 2 {

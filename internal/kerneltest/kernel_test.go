@@ -88,17 +88,21 @@ func runRole(role string, args []string) error {
 			}
 			unix.Close(c)
 		}
-	case "client": // ADDR CONNS BYTES [WRITE]: echo streams, each checked by SHA-256; prints the peer address
+	case "client": // ADDR CONNS BYTES [WRITE [HEAD]]: echo streams, each checked by SHA-256; prints the peer address
 		conns, _ := strconv.Atoi(args[1])
 		size, _ := strconv.Atoi(args[2])
 		write := 0 // random sizes up to 48 KiB
 		if len(args) > 3 {
 			write, _ = strconv.Atoi(args[3])
 		}
+		head := byte(0) // the first byte: random
+		if len(args) > 4 {
+			head = args[4][0]
+		}
 		errs := make(chan error, conns)
 		peers := make(chan string, conns)
 		for i := range conns {
-			go func() { p, err := stream(args[0], size, write, uint64(i)); peers <- p; errs <- err }()
+			go func() { p, err := stream(args[0], size, write, uint64(i), head); peers <- p; errs <- err }()
 		}
 		for range conns {
 			if err := <-errs; err != nil {
@@ -107,6 +111,9 @@ func runRole(role string, args []string) error {
 			fmt.Println("peer", <-peers)
 		}
 		return nil
+	}
+	if ok, err := runCalmRole(role, args); ok {
+		return err
 	}
 	if role == "overlap" { // a retransmission whose head repeats delivered bytes (TestRetransmitOverlap)
 		r, err := inPrivateNetns(func() (overlapResult, error) { return overlapStream(nil) })
@@ -142,10 +149,10 @@ func serveEcho(addr string, first func(net.Conn)) error {
 	}
 }
 
-// stream sends size pseudo-random bytes in writes of write bytes (0:
-// random sizes), half-closes, and checks that the same bytes come back, in
-// order, then the echo's close.
-func stream(addr string, size, write int, seed uint64) (string, error) {
+// stream sends size pseudo-random bytes (the first one head, unless 0) in
+// writes of write bytes (0: random sizes), half-closes, and checks that the
+// same bytes come back, in order, then the echo's close.
+func stream(addr string, size, write int, seed uint64, head byte) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		return "", err
@@ -156,6 +163,9 @@ func stream(addr string, size, write int, seed uint64) (string, error) {
 	data := make([]byte, size)
 	for i := range data {
 		data[i] = byte(rng.Uint32())
+	}
+	if head != 0 {
+		data[0] = head
 	}
 	go func() {
 		for off := 0; off < len(data); {
@@ -199,7 +209,9 @@ type node struct {
 	cgfd   int
 }
 
-func newNode(t *testing.T) *node {
+// newNode loads a datapath with the bypass on, each of set applied to its
+// settings.
+func newNode(t *testing.T, set ...func(*datapath.Settings)) *node {
 	t.Helper()
 	testutil.RequireRoot(t)
 	if err := bpffs.Ensure(bpffs.DefaultPath); err != nil {
@@ -224,7 +236,11 @@ func newNode(t *testing.T) *node {
 	}
 	t.Cleanup(func() { unix.Close(n.cgfd) })
 	pin := filepath.Join(bpffs.DefaultPath, fmt.Sprintf("sl-ktest-%d", os.Getpid()))
-	if n.dp, err = datapath.Open(datapath.Config{PinDir: pin, Settings: datapath.Settings{Bypass: datapath.ModeOn, VerdictWindow: datapath.DefaultVerdictWindow}}); err != nil {
+	settings := datapath.Settings{Bypass: datapath.ModeOn, VerdictWindow: datapath.DefaultVerdictWindow}
+	for _, f := range set {
+		f(&settings)
+	}
+	if n.dp, err = datapath.Open(datapath.Config{PinDir: pin, Settings: settings}); err != nil {
 		t.Fatalf("loading the datapath on %s: %v", kernel(), err)
 	}
 	t.Cleanup(func() {
@@ -253,6 +269,12 @@ func kernel() string {
 // run starts the test binary as role inside the node's cgroup.
 func (n *node) run(role string, args ...string) (*exec.Cmd, *bytes.Buffer) {
 	n.t.Helper()
+	return n.runWith(nil, role, args...)
+}
+
+// runWith is run with stdin (nil: none).
+func (n *node) runWith(stdin io.Reader, role string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	n.t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		n.t.Fatal(err)
@@ -261,6 +283,7 @@ func (n *node) run(role string, args ...string) (*exec.Cmd, *bytes.Buffer) {
 	cmd.Env = append(os.Environ(), "SL_KTEST_ROLE="+role, "SL_KTEST_ARGS="+strings.Join(args, " "))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdin = stdin
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: n.cgfd}
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
@@ -295,6 +318,13 @@ func (n *node) client(addr string, conns, size int, write ...int) string {
 	for _, w := range write {
 		args = append(args, strconv.Itoa(w))
 	}
+	return n.clientArgs(args...)
+}
+
+// clientArgs runs the client role with args to the end and returns its
+// output.
+func (n *node) clientArgs(args ...string) string {
+	n.t.Helper()
 	cmd, out := n.run("client", args...)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
