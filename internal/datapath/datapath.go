@@ -210,8 +210,8 @@ func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 		return nil, err
 	}
 	// sl_msg runs on both socket maps: the valve's and the plain one
-	// (connections whose listener never needed the valve, or all of them
-	// under --slow-readers tcp).
+	// (connections to destinations learned calm under --calm-destinations
+	// plain, or all of them under --slow-readers tcp).
 	for _, m := range []struct {
 		name string
 		m    *ebpf.Map

@@ -100,7 +100,7 @@ type SocketCounts struct {
 	// Valve: in sl_sockhash, whose sk_skb verdict the valve needs (their
 	// reads take the kernel's parser receive path).
 	Valve int `json:"valve"`
-	// Plain: in sl_sockhash_plain (a listener learned calm, or the
+	// Plain: in sl_sockhash_plain (a destination learned calm, or the
 	// datapath runs without the valve).
 	Plain int `json:"plain"`
 }
