@@ -134,6 +134,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	if (!st || st->slot == SL_NO_SLOT)
 		return;
 	struct sl_conn *c = conn_of(st->slot);
+	int lingers = 0;
 	if (c) {
 		if (st->role == SL_ROLE_CLIENT) {
 			struct sl_conn_ref *ref = bpf_map_lookup_elem(&sl_conn_index, &c->client);
@@ -156,18 +157,22 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 			    st->role == SL_ROLE_CLIENT)
 				calm_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
-			struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &st->slot);
+			/* Closed by its peer with redirected bytes unread, still
+			 * in the map: its timer ends its membership. */
+			lingers = linger_start(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
+			struct sl_conn_socks *socks = lingers ? 0 : bpf_map_lookup_elem(&sl_conn_socks, &st->slot);
 			if (socks && st->role == SL_ROLE_CLIENT)
 				socks->client = 0;
 			else if (socks)
 				socks->server = 0;
 		}
-		conn_leave(c, st->slot, st->gen, st->role);
+		if (!lingers)
+			conn_leave(c, st->slot, st->gen, st->role);
 	}
 	/* A timer waiting for this socket to leave the map: it left. */
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
-	if (v && v->gen == st->gen)
+	if (!lingers && v && v->gen == st->gen)
 		evict_timer_drop(&id, v);
 	st->slot = SL_NO_SLOT;
 	if (valve_on(st)) {
@@ -455,6 +460,8 @@ SEC("cgroup/sock_release")
 int sl_release(struct bpf_sock *sk)
 {
 	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, 0);
+	if (st && st->linger)
+		linger_end(st);
 	if (!st || st->slot == SL_NO_SLOT || (!st->win_left && !st->valve_mark))
 		return 1;
 	struct sl_conn *c = conn_of(st->slot);

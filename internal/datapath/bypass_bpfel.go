@@ -163,12 +163,13 @@ const (
 	bypassSlCounterSL_C_VALVE_UNCLAMPS          bypassSlCounter = 47
 	bypassSlCounterSL_C_VALVE_CWND_CLAMPS       bypassSlCounter = 48
 	bypassSlCounterSL_C_CONNS_PLAIN             bypassSlCounter = 49
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 50
+	bypassSlCounterSL_C_LINGERS                 bypassSlCounter = 50
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 51
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [50]uint64
+	C [51]uint64
 }
 
 type bypassSlDefaults uint32
@@ -262,7 +263,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 45
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 46
 )
 
 type bypassSlListener struct {
@@ -422,7 +423,8 @@ type bypassSlSock struct {
 	CwndClamped uint8
 	FastSmall   uint8
 	ValveMap    uint8
-	Pad         [5]uint8
+	Linger      uint8
+	Pad         [4]uint8
 }
 
 type bypassSlTuple struct {

@@ -262,18 +262,24 @@ static __always_inline void set_member_sock(struct bpf_sock *bsk, __u32 slot, __
 	}
 }
 
-/* Whether st's connection runs with the valve: loaded with it, and joined
- * its map (valve_map); else a slow reader's direction moves to TCP. */
+/* Whether st's connection runs with the valve, in sl_sockhash: loaded with
+ * it, and joined its map (valve_map); else it is in sl_sockhash_plain and a
+ * slow reader's direction moves to TCP. Every choice between the two maps
+ * asks this: where the settings alone decide (the valve off, or on without
+ * calm destinations) it is a constant and the verifier drops the other
+ * map's paths. */
 static __always_inline int valve_on(const struct sl_sock *st)
 {
-	return sl_settings.backlog_valve == SL_MODE_ON && st->valve_map;
+	if (sl_settings.backlog_valve != SL_MODE_ON)
+		return 0;
+	return sl_settings.calm_plain != SL_MODE_ON || st->valve_map;
 }
 
 /* Redirects msg to the peer under key *peer, in the map st's connection
  * joined. */
 static __always_inline long sock_redirect(struct sk_msg_md *msg, const struct sl_sock *st, __u32 *peer)
 {
-	if (st->valve_map)
+	if (valve_on(st))
 		return bpf_msg_redirect_hash(msg, &sl_sockhash, peer, BPF_F_INGRESS);
 	return bpf_msg_redirect_hash(msg, &sl_sockhash_plain, peer, BPF_F_INGRESS);
 }
@@ -282,7 +288,7 @@ static __always_inline long sock_redirect(struct sk_msg_md *msg, const struct sl
  * socket map its connection joined (valve_map); 0 if it was there. */
 static __always_inline long sock_leave(const struct sl_sock *st, __u32 id)
 {
-	if (st->valve_map)
+	if (valve_on(st))
 		return bpf_map_delete_elem(&sl_sockhash, &id);
 	return bpf_map_delete_elem(&sl_sockhash_plain, &id);
 }

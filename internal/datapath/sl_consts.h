@@ -82,8 +82,12 @@ enum sl_counter {
 				       * SL_VALVE_SMALL_SEND given a congestion window of
 				       * SL_VALVE_SMALL_CWND (valve_cwnd in sl_valve_tcp.h) */
 	SL_C_CONNS_PLAIN,             /* connections that joined without the valve's verdict
-				       * (sl_sockhash_plain): their listener's last SL_CALM_LEARN
-				       * connections never needed it (in conns_bypassed too) */
+				       * (sl_sockhash_plain): the last SL_CALM_LEARN connections
+				       * from their client's namespace to their destination
+				       * never needed it (in conns_bypassed too) */
+	SL_C_LINGERS,                 /* sockets of the plain map a peer's reset closed (CLOSE before their
+				       * close()) with redirected bytes unread: they kept their slot and
+				       * timer, which takes them out once those are read (linger_start) */
 	SL_C_MAX,
 };
 
@@ -93,7 +97,7 @@ enum sl_counter {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 45,
+	SL_LAYOUT_VERSION = 46,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

@@ -50,7 +50,7 @@ static __always_inline int server_local(const struct sl_tuple *t)
 /* Joins the socket map its connection chose (valve_map). */
 static __always_inline long sock_join(struct bpf_sock_ops *skops, struct sl_sock *st)
 {
-	if (st->valve_map)
+	if (valve_on(st))
 		return bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST);
 	return bpf_sock_hash_update(skops, &sl_sockhash_plain, &st->self_id, BPF_NOEXIST);
 }
@@ -139,6 +139,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->evict = 0;
 	st->in_map = 0;
 	st->evict_peer = 0;
+	st->linger = 0;
 	st->checked = 0;
 	st->win_left = 0;
 	st->over_since = 0;
@@ -186,7 +187,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->in_map = 1;
 	if (plain)
 		count(SL_C_CONNS_PLAIN, 1);
-	if (sl_settings.backlog_valve == SL_MODE_ON && server_local(&t) && st->valve_map)
+	if (valve_on(st) && server_local(&t))
 		unpace(skops);
 	struct sl_conn_ref ref = {.slot = slot, .gen = gen};
 	if (bpf_map_update_elem(&sl_conn_index, &t, &ref, BPF_ANY)) {
@@ -236,6 +237,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	st->evict = 0;
 	st->in_map = 0;
 	st->evict_peer = 0;
+	st->linger = 0;
 	st->checked = 0;
 	st->learn = 0;
 	st->win_left = 0;
@@ -305,7 +307,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	c->path[SL_ROLE_SERVER] = SL_PATH_BYPASS;
 	count(SL_C_CONNS_BYPASSED, 1);
 	conn_event(c, SL_EV_BYPASS, 0, 0, SL_ROLE_SERVER);
-	if (st->valve_map)
+	if (valve_on(st))
 		unpace(skops);
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
 }

@@ -54,12 +54,33 @@ static __always_inline void valve_credit(struct sl_sock *st, struct sl_conn *c, 
 }
 
 /* Deletes a waiting socket's timer entry (key id, value v) and returns the
- * timer to its owner; only the deleter that wins returns it. */
-static __always_inline void evict_timer_drop(__u32 *id, struct sl_evict_timer *v)
+ * timer to its owner; only the deleter that wins returns it, and gets 1. */
+static __always_inline int evict_timer_drop(__u32 *id, struct sl_evict_timer *v)
 {
 	__u64 owner = v->owner;
-	if (!bpf_map_delete_elem(&sl_evict_timers, id))
-		owner_release(owner, SL_HOLD_EVICT_TIMERS);
+	if (bpf_map_delete_elem(&sl_evict_timers, id))
+		return 0;
+	owner_release(owner, SL_HOLD_EVICT_TIMERS);
+	return 1;
+}
+
+/* Ends the membership a closed socket kept while its timer (key id, of
+ * slot generation gen) checked it (linger_start): called by whoever
+ * deleted that timer. */
+static __always_inline void linger_leave(__u32 id, __u32 gen)
+{
+	__u32 slot = id >> 1, role = id & 1;
+	struct sl_conn *c = conn_of(slot);
+	if (!c)
+		return;
+	if (word_gen(c->word) == gen) {
+		struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
+		if (socks && role == SL_ROLE_CLIENT)
+			socks->client = 0;
+		else if (socks)
+			socks->server = 0;
+	}
+	conn_leave(c, slot, gen, role);
 }
 
 /* Whether the socket of (slot, role), whose incoming direction moved to
@@ -72,9 +93,11 @@ static __always_inline int may_leave(__u32 slot, __u32 role, struct sock *self)
 }
 
 /* The timer of a socket waiting to leave the map (key: its key in
- * sl_sockhash_plain: a socket of the valve's map has none, evict_later): takes it out once it may leave, else checks again later
- * (SL_EVICT_* in sl_consts.h). A slot of another generation (the socket
- * closed, its slot reused) or a closed member ends it. */
+ * sl_sockhash_plain: a socket of the valve's map has none, evict_later):
+ * takes it out once it may leave, else checks again later (SL_EVICT_* in
+ * sl_consts.h). A slot of another generation (its sockets closed, the slot
+ * reused or reclaimed) or a closed member ends it; a member closed by its
+ * peer stays one until then (linger_start). */
 static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 {
 	__u32 id = *key;
@@ -101,8 +124,10 @@ static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 		goto done;
 	if (!bpf_map_delete_elem(&sl_sockhash_plain, &id))
 		count(SL_C_EVICTIONS, 1);
-done:
-	evict_timer_drop(key, v);
+done:;
+	__u32 gen = v->gen, linger = v->linger;
+	if (evict_timer_drop(key, v) && linger)
+		linger_leave(id, gen);
 	return 0;
 }
 
@@ -123,7 +148,7 @@ done:
  * and take it out. */
 static __always_inline void evict_later(struct sl_sock *st, struct sl_conn *c)
 {
-	if (st->valve_map)
+	if (valve_on(st))
 		return;
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
@@ -149,6 +174,56 @@ static __always_inline void evict_later(struct sl_sock *st, struct sl_conn *c)
 	if (bpf_timer_init(&v->timer, &sl_evict_timers, SL_CLOCK_MONOTONIC) ||
 	    bpf_timer_set_callback(&v->timer, evict_check) || bpf_timer_start(&v->timer, SL_EVICT_CHECK_NS, 0))
 		evict_timer_drop(&id, v);
+}
+
+/* A socket of the plain map whose incoming direction moved to TCP, closed
+ * by its peer's reset before its own close(): sockets in CLOSE stay in
+ * the map until their file is closed (the kernel has no sockmap unhash
+ * handler), where FIONREAD counts only the psock's queue and never the
+ * bytes TCP holds behind it, and a CLOSE socket transmits nothing that
+ * would take it out. If what was redirected to it is still unread, it
+ * lingers: it stays a member of its slot (the slot is not freed, so its
+ * key and member pointer stay its own; the psock holds the socket while it
+ * is in the map), and its timer, armed now if it had none, takes it out
+ * once that is read, or ends at SL_EVICT_FOR_NS, or at its close()
+ * (sl_release). If it is read already, the socket leaves the map now.
+ * Returns 1 if it lingers; the caller then keeps its membership. */
+static __always_inline int linger_start(struct sl_sock *st, struct sl_conn *c, struct sock *sk)
+{
+	if (!st->in_map || valve_on(st) || c->path[(st->role ^ 1) & 1] != SL_PATH_TCP)
+		return 0;
+	/* Out of the map already: its close() (the sockmap's close ran
+	 * before this callback and detached the psock). */
+	if (!psock_of(sk))
+		return 0;
+	/* What was redirected is read: it leaves now, so that FIONREAD
+	 * counts what TCP holds, if anything. */
+	if (may_leave(st->slot, st->role, sk)) {
+		if (!sock_leave(st, st->self_id))
+			count(SL_C_EVICTIONS, 1);
+		st->in_map = 0;
+		return 0;
+	}
+	evict_later(st, c);
+	__u32 id = st->self_id;
+	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
+	if (!v || v->gen != st->gen)
+		return 0; /* no timer (the owner's quota): it leaves its slot now */
+	v->linger = 1;
+	st->linger = 1;
+	count(SL_C_LINGERS, 1);
+	return 1;
+}
+
+/* close() of a lingering socket (sl_release, before the sockmap's close
+ * takes it out): its timer ends and it leaves its slot. */
+static __always_inline void linger_end(struct sl_sock *st)
+{
+	st->linger = 0;
+	__u32 id = st->self_id;
+	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
+	if (v && v->gen == st->gen && v->linger && evict_timer_drop(&id, v))
+		linger_leave(id, st->gen);
 }
 
 #endif /* SL_EVICT_H */

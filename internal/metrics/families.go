@@ -32,6 +32,7 @@ var (
 	famFallbacks     = family{"fallbacks_total", "Connection directions moved to (or kept on) TCP, by reason; brief and no_peer count whole connections left on TCP without joining, from what was learned of their destination (its recent connections were brief, or found no managed server).", prometheus.CounterValue, []string{"reason"}}
 	famEvictions     = family{"socket_evictions_total", "Sockets removed from the bypass map because of their peer.", prometheus.CounterValue, nil}
 	famClosed        = family{"sockets_closed_total", "Managed sockets closed.", prometheus.CounterValue, nil}
+	famLingers       = family{"socket_lingers_total", "Sockets of the bypass map without the valve that a peer's reset closed before their application had read what was redirected to them: they stay in the map, checked by a timer, until it is read, then leave it (socket_evictions_total), so that FIONREAD and poll count the bytes TCP holds for them.", prometheus.CounterValue, nil}
 	famDPErrors      = family{"datapath_errors_total", "Datapath errors, by kind.", prometheus.CounterValue, []string{"error"}}
 	famEventsLost    = family{"events_lost_total", "Events dropped because the event ring buffer was full (only while a reader listens), by source.", prometheus.CounterValue, []string{"source"}}
 	famCaptured      = family{"capture_messages_total", "Bypassed messages captured by `socklane capture`.", prometheus.CounterValue, nil}
@@ -65,7 +66,7 @@ var (
 
 var families = []family{
 	famEstablished, famDecided, famVerdicts, famRedirBytes, famWindows, famFast, famPassMsgs, famPassBytes,
-	famFallbacks, famBlockingQuiet, famValve, famValveBytes, famSmallNoDelay, famMsgBudget, famOverlaps, famOverlapBytes, famUnpaced, famEvictions, famClosed, famDPErrors, famSockets, famQuota,
+	famFallbacks, famBlockingQuiet, famValve, famValveBytes, famSmallNoDelay, famMsgBudget, famOverlaps, famOverlapBytes, famUnpaced, famEvictions, famLingers, famClosed, famDPErrors, famSockets, famQuota,
 	famEventsLost, famCaptured, famCapDropped,
 	famLBEvents, famLBErrors, famLBSelected, famLBRefused, famLBTracked, famSvcSkipped,
 	famPolEvents, famPolVerdict, famPortEvents,
@@ -107,6 +108,7 @@ var bypassCounters = map[string]counterRef{
 	"blocking_quiet":          {famBlockingQuiet, ""},
 	"evictions":               {famEvictions, ""},
 	"closed":                  {famClosed, ""},
+	"lingers":                 {famLingers, ""},
 	"err_sockhash":            {famDPErrors, "sockhash"},
 	"err_conn_table_full":     {famDPErrors, "conn_table_full"},
 	"err_index":               {famDPErrors, "index"},

@@ -92,8 +92,8 @@ func integrityRun(t *testing.T, in *testutil.Instance, srv, cli *testbed.Pod, li
 	const slow = 4 << 20
 	sum := integrity(t, in, srv, cli, listen, target, *integrityConns, append([]string{"--io", "epoll", "--slow-bytes", strconv.Itoa(slow)}, extra...)...)
 	d := testutil.Delta(before, in.Counters())
-	t.Logf("%d connections, %d bytes sent by the clients, %d redirected, %d through TCP (fallback_backlog=%d valve_opens=%d valve_closes=%d)",
-		*integrityConns, sum.Sent, d["redirect_bytes"], d["pass_bytes"], d["fallback_backlog"], d["valve_opens"], d["valve_closes"])
+	t.Logf("%d connections, %d bytes sent by the clients, %d redirected, %d through TCP (fallback_backlog=%d valve_opens=%d valve_closes=%d lingers=%d)",
+		*integrityConns, sum.Sent, d["redirect_bytes"], d["pass_bytes"], d["fallback_backlog"], d["valve_opens"], d["valve_closes"], d["lingers"])
 	n := uint64(*integrityConns)
 	mustAtLeast(t, d, "established_active", n)
 	mustAtLeast(t, d, "established_passive", n)

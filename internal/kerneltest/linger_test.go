@@ -1,0 +1,240 @@
+package kerneltest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/sockbugs"
+)
+
+// runLingerRole runs the roles of TestResetWhileUnread; ok is false for
+// any other role.
+func runLingerRole(role string, args []string) (ok bool, err error) {
+	switch role {
+	case "reset-writer": // ADDR BYTES: writes up to BYTES of a seeded stream for a second, then resets
+		size, _ := strconv.Atoi(args[1])
+		return true, resetWriter(args[0], size)
+	case "fionread-reader": // ADDR: reads one connection by FIONREAD once stdin has a line, then holds it until stdin ends
+		return true, fionreadReader(args[0])
+	}
+	return false, nil
+}
+
+// lingerStream is the stream the reset writer sends and its reader checks.
+func lingerStream(size int) []byte {
+	rng := rand.New(rand.NewPCG(11, 42))
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// resetWriter writes as much of size bytes as its peer takes in a second,
+// then closes with SO_LINGER 0: its peer is reset with what it has not
+// read still queued. Prints how much it wrote.
+func resetWriter(addr string, size int) error {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	data := lingerStream(size)
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	n, err := c.Write(data)
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("writing: %w", err)
+	}
+	if err := c.(*net.TCPConn).SetLinger(0); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %d\n", n)
+	return c.Close()
+}
+
+// fionreadReader accepts one connection, waits for a line on stdin, then
+// reads it the way a program that sizes its reads by FIONREAD does:
+// FIONREAD, then a read of that much. Where FIONREAD says 0 it peeks: bytes
+// that a peek finds and FIONREAD does not count for 2 s are an error (such
+// a program would wait for them forever). Checks every byte against the
+// stream, prints how much it read and the longest time FIONREAD missed
+// bytes, and holds the connection open until stdin ends.
+func fionreadReader(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening")
+	c, err := ln.Accept()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	stdin := bufio.NewReader(os.Stdin)
+	if _, err := stdin.ReadString('\n'); err != nil {
+		return fmt.Errorf("waiting for the word to read: %w", err)
+	}
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	want := lingerStream(64 << 20)
+	buf := make([]byte, 1<<20)
+	var got int
+	var missed, worst time.Duration
+	var missedSince time.Time
+	for end := time.Now().Add(30 * time.Second); ; {
+		if time.Now().After(end) {
+			return fmt.Errorf("read %d bytes in 30 s and the connection has not ended", got)
+		}
+		var inq, n int
+		var rerr, perr error
+		_ = raw.Control(func(fd uintptr) {
+			inq, rerr = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+			if rerr != nil || inq > 0 {
+				return
+			}
+			n, _, perr = unix.Recvfrom(int(fd), buf[:1], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		})
+		if rerr != nil {
+			return fmt.Errorf("FIONREAD: %w", rerr)
+		}
+		if inq == 0 {
+			switch {
+			case perr == nil && n > 0: // bytes FIONREAD does not count
+				if missedSince.IsZero() {
+					missedSince = time.Now()
+				}
+				if missed = time.Since(missedSince); missed > 2*time.Second {
+					return fmt.Errorf("FIONREAD 0 for %v while MSG_PEEK finds bytes, after %d bytes read", missed, got)
+				}
+				time.Sleep(time.Millisecond)
+				continue
+			case perr == nil || errors.Is(perr, syscall.ECONNRESET): // the end: EOF or the reset
+				fmt.Printf("read %d missed %d\n", got, worst.Milliseconds())
+				_, _ = io.Copy(io.Discard, stdin)
+				return nil
+			case errors.Is(perr, syscall.EAGAIN):
+				time.Sleep(time.Millisecond)
+				continue
+			default:
+				return fmt.Errorf("MSG_PEEK after %d bytes: %w", got, perr)
+			}
+		}
+		if !missedSince.IsZero() {
+			worst = max(worst, missed)
+			missedSince = time.Time{}
+		}
+		n, err := c.Read(buf[:min(inq, len(buf))])
+		if err != nil {
+			return fmt.Errorf("reading %d bytes FIONREAD counted after %d: %w", inq, got, err)
+		}
+		if got+n > len(want) || string(buf[:n]) != string(want[got:got+n]) {
+			return fmt.Errorf("the %d bytes read after %d differ from what was sent", n, got)
+		}
+		got += n
+	}
+}
+
+// TestResetWhileUnread: a receiver on the plain socket map (no verdict:
+// --slow-readers tcp) that does not read while its writer passes the
+// backlog limit has its direction moved to TCP, with what was redirected
+// still queued in its psock. The writer then resets it: it reaches CLOSE
+// still in the map (the kernel has no sockmap unhash handler), where
+// FIONREAD counts only the psock's queue. It lingers: its timer takes it
+// out once the psock's queue is read, so that FIONREAD counts the bytes
+// TCP holds behind it. The evidence: the reader's FIONREAD reads every
+// byte, in order, with no 2 s where FIONREAD missed bytes a peek found
+// (the build before the linger fails here on 6.18); the lingers counter;
+// and the map holds no socket while the reader still holds its connection
+// open, unless FIONREAD never missed a byte (6.12, above).
+func TestResetWhileUnread(t *testing.T) {
+	n := newNode(t, func(s *datapath.Settings) {
+		s.BacklogValve = datapath.ModeOff
+		s.BacklogLimit = 1 << 20
+	})
+	f := n.dp.Features()
+	for _, b := range f.Bugs {
+		if b.Name == sockbugs.FIONREAD {
+			t.Skipf("FIONREAD counts no redirected byte on %s: no reader here sizes its reads by it", kernel())
+		}
+	}
+	const addr = "127.0.0.1:7720"
+	before := n.counters()
+	// An *os.File, so that the reader's exit ends its Wait without our
+	// end of the pipe closing.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	reader, out := n.runWith(r, "fionread-reader", addr)
+	r.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- reader.Wait() }()
+	for i := 0; !strings.Contains(out.String(), "listening"); i++ {
+		if i == 500 {
+			t.Fatalf("the reader did not listen: %s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	wcmd, wout := n.run("reset-writer", addr, strconv.Itoa(64<<20))
+	if err := wcmd.Wait(); err != nil {
+		t.Fatalf("reset-writer: %v: %s", err, wout.String())
+	}
+	// The reset is processed as the writer closes (loopback); then the
+	// reader reads.
+	if _, err := w.Write([]byte("read\n")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.After(time.Minute); !strings.Contains(out.String(), "read "); {
+		select {
+		case err := <-exited:
+			t.Fatalf("the reader ended before it read to the end: %v: %s", err, out.String())
+		case <-deadline:
+			t.Fatalf("the reader did not finish in a minute: %s", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	d := delta(before, n.counters())
+	got, err := n.dp.SocketsByMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("writer: %s reader: %s counters: %v", strings.TrimSpace(wout.String()), strings.TrimSpace(out.String()), d)
+	if d["fallback_backlog"] == 0 {
+		t.Fatalf("the writer's direction never moved to TCP for the backlog: %v", d)
+	}
+	if d["lingers"] != 1 {
+		t.Errorf("lingers %d: want the reset reader, with redirected bytes unread, to linger once", d["lingers"])
+	}
+	// Out of the map once its psock's queue was read. On 6.12 that
+	// queue's byte count (sk_psock.msg_tot_len) stays above 0 after every
+	// byte was read, so the timer never finds it empty and the socket
+	// stays until its close(); that kernel's FIONREAD counts TCP's bytes
+	// in the map (the reader above never found it missing any), so nothing
+	// waits for it.
+	if got != (datapath.SocketCounts{}) {
+		if !strings.Contains(out.String(), "missed 0\n") {
+			t.Errorf("the reader's socket, closed by the reset and still open, is in the maps %+v, want none", got)
+		} else {
+			t.Logf("the reader's socket stays in the maps %+v on %s, whose FIONREAD counted TCP's bytes there", got, kernel())
+		}
+	}
+	w.Close()
+	if err := <-exited; err != nil {
+		t.Fatalf("fionread-reader: %v: %s", err, out.String())
+	}
+}
