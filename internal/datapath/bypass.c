@@ -160,11 +160,8 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 			/* Closed by its peer with redirected bytes unread, still
 			 * in the map: its timer ends its membership. */
 			lingers = linger_start(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
-			struct sl_conn_socks *socks = lingers ? 0 : bpf_map_lookup_elem(&sl_conn_socks, &st->slot);
-			if (socks && st->role == SL_ROLE_CLIENT)
-				socks->client = 0;
-			else if (socks)
-				socks->server = 0;
+			if (!lingers)
+				clear_member_sock(st->slot, st->role);
 		}
 		if (!lingers)
 			conn_leave(c, st->slot, st->gen, st->role);

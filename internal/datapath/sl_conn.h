@@ -262,6 +262,17 @@ static __always_inline void set_member_sock(struct bpf_sock *bsk, __u32 slot, __
 	}
 }
 
+/* Forgets the member socket of (slot, role): it closed, or its lingering
+ * ended (linger_leave). */
+static __always_inline void clear_member_sock(__u32 slot, __u32 role)
+{
+	struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
+	if (socks && role == SL_ROLE_CLIENT)
+		socks->client = 0;
+	else if (socks)
+		socks->server = 0;
+}
+
 /* Whether st's connection runs with the valve, in sl_sockhash: loaded with
  * it, and joined its map (valve_map); else it is in sl_sockhash_plain and a
  * slow reader's direction moves to TCP. Every choice between the two maps

@@ -65,21 +65,17 @@ static __always_inline int evict_timer_drop(__u32 *id, struct sl_evict_timer *v)
 }
 
 /* Ends the membership a closed socket kept while its timer (key id, of
- * slot generation gen) checked it (linger_start): called by whoever
- * deleted that timer. */
+ * slot generation gen) checked it (linger_start). Called by whoever
+ * deleted that timer, and at the socket's close(); a second call, or one
+ * after the slot moved on to another generation, changes nothing. */
 static __always_inline void linger_leave(__u32 id, __u32 gen)
 {
 	__u32 slot = id >> 1, role = id & 1;
 	struct sl_conn *c = conn_of(slot);
 	if (!c)
 		return;
-	if (word_gen(c->word) == gen) {
-		struct sl_conn_socks *socks = bpf_map_lookup_elem(&sl_conn_socks, &slot);
-		if (socks && role == SL_ROLE_CLIENT)
-			socks->client = 0;
-		else if (socks)
-			socks->server = 0;
-	}
+	if (word_gen(c->word) == gen)
+		clear_member_sock(slot, role);
 	conn_leave(c, slot, gen, role);
 }
 
@@ -216,14 +212,17 @@ static __always_inline int linger_start(struct sl_sock *st, struct sl_conn *c, s
 }
 
 /* close() of a lingering socket (sl_release, before the sockmap's close
- * takes it out): its timer ends and it leaves its slot. */
+ * takes it out): its timer ends and it leaves its slot. It leaves even
+ * when the timer is gone already: a timer check that took the socket out
+ * between linger_start's arming and its marking ended without leaving. */
 static __always_inline void linger_end(struct sl_sock *st)
 {
 	st->linger = 0;
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
-	if (v && v->gen == st->gen && v->linger && evict_timer_drop(&id, v))
-		linger_leave(id, st->gen);
+	if (v && v->gen == st->gen)
+		evict_timer_drop(&id, v);
+	linger_leave(id, st->gen);
 }
 
 #endif /* SL_EVICT_H */
