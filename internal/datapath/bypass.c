@@ -146,7 +146,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 			 * shut down its writes, then its peer's FIN came) gets
 			 * here before sl_release: what it used of an open
 			 * window is counted now, while the psock is still
-			 * attached (the map lets go of it after this callback). */
+			 * attached (linger_start below may take it out). */
 			if (st->win_left)
 				credit_window(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
 			if (st->valve_mark)
@@ -157,8 +157,8 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 			    st->role == SL_ROLE_CLIENT)
 				calm_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
-			/* Closed by its peer with redirected bytes unread, still
-			 * in the map: its timer ends its membership. */
+			/* Closed before its close(), still in the map: it
+			 * leaves the map now, or keeps its slot (lingers). */
 			lingers = linger_start(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk));
 			if (!lingers)
 				clear_member_sock(st->slot, st->role);

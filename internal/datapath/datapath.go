@@ -318,6 +318,17 @@ func (d *Datapath) SlotsEverUsed() (int, error) {
 	return int(min(n, uint64(d.objs.SlConns.MaxEntries()))), nil
 }
 
+// SpendFreshSlots moves the fresh-slot counter to its end: from then on
+// connections take only freed slots, the one freed longest ago first, as
+// on a node that has tracked ConnSlots connections. Tests use it to reach
+// slot reuse without that many connections.
+func (d *Datapath) SpendFreshSlots() error {
+	if err := d.objs.SlConnNext.Update(uint32(0), uint64(d.objs.SlConns.MaxEntries()), ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("moving the fresh-slot counter to its end: %w", err)
+	}
+	return nil
+}
+
 // ConnSlots is how many connections the datapath can track at once.
 func (d *Datapath) ConnSlots() int { return int(d.objs.SlConns.MaxEntries()) }
 

@@ -85,9 +85,10 @@ enum sl_counter {
 				       * (sl_sockhash_plain): the last SL_CALM_LEARN connections
 				       * from their client's namespace to their destination
 				       * never needed it (in conns_bypassed too) */
-	SL_C_LINGERS,                 /* sockets of the plain map a peer's reset closed (CLOSE before their
-				       * close()) with redirected bytes unread: they kept their slot and
-				       * timer, which takes them out once those are read (linger_start) */
+	SL_C_LINGERS,                 /* sockets closed in the map (CLOSE before their close(): a peer's
+				       * reset or FIN) with redirected bytes unread: they kept their slot
+				       * until their close(), or until their timer took them out once those
+				       * were read (linger_start) */
 	SL_C_MAX,
 };
 

@@ -92,19 +92,25 @@ static __always_inline int may_leave(__u32 slot, __u32 role, struct sock *self)
  * sl_sockhash_plain: a socket of the valve's map has none, evict_later):
  * takes it out once it may leave, else checks again later (SL_EVICT_* in
  * sl_consts.h). A slot of another generation (its sockets closed, the slot
- * reused or reclaimed) or a closed member ends it; a member closed by its
- * peer stays one until then (linger_start). */
+ * reused or reclaimed) or a closed member ends it. A lingering member
+ * (linger_start) leaves its slot as this ends, unless it is still in the
+ * map at the deadline: it then stays a member until its close(). */
 static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 {
 	__u32 id = *key;
 	__u32 slot = id >> 1, role = id & 1;
 	struct sl_conn *c = conn_of(slot);
 	struct sock *self = member_sock(slot, role);
+	int stays = 0;
 	if (!c || word_gen(c->word) != v->gen || !self)
 		goto done;
 	if (!may_leave(slot, role, self)) {
-		if (bpf_ktime_get_ns() >= v->until_ns)
+		/* Given up: a lingering socket, still in the map, keeps its
+		 * slot until its close() (linger_start). */
+		if (bpf_ktime_get_ns() >= v->until_ns) {
+			stays = 1;
 			goto done;
+		}
 		__u32 shift = v->tries / SL_EVICT_STEP;
 		if (shift > SL_EVICT_MAX_SHIFT)
 			shift = SL_EVICT_MAX_SHIFT;
@@ -121,7 +127,7 @@ static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 	if (!bpf_map_delete_elem(&sl_sockhash_plain, &id))
 		count(SL_C_EVICTIONS, 1);
 done:;
-	__u32 gen = v->gen, linger = v->linger;
+	__u32 gen = v->gen, linger = v->linger && !stays;
 	if (evict_timer_drop(key, v) && linger)
 		linger_leave(id, gen);
 	return 0;
@@ -172,42 +178,52 @@ static __always_inline void evict_later(struct sl_sock *st, struct sl_conn *c)
 		evict_timer_drop(&id, v);
 }
 
-/* A socket of the plain map whose incoming direction moved to TCP, closed
- * by its peer's reset before its own close(): sockets in CLOSE stay in
- * the map until their file is closed (the kernel has no sockmap unhash
- * handler), where FIONREAD counts only the psock's queue and never the
- * bytes TCP holds behind it, and a CLOSE socket transmits nothing that
- * would take it out. If what was redirected to it is still unread, it
- * lingers: it stays a member of its slot (the slot is not freed, so its
- * key and member pointer stay its own; the psock holds the socket while it
- * is in the map), and its timer, armed now if it had none, takes it out
- * once that is read, or ends at SL_EVICT_FOR_NS, or at its close()
- * (sl_release). If it is read already, the socket leaves the map now.
+/* A socket that reaches CLOSE before its close() (its peer's reset, or its
+ * peer's FIN after its own shutdown) stays in its socket map until its
+ * file is closed (no kernel tested, Debian's 6.1 included, has a sockmap
+ * unhash handler), under its key, which is its slot's. Its slot must not
+ * go to another connection meanwhile: that connection's socket could not
+ * join under the same key and would stay on TCP, so a pod holding such
+ * sockets open would deny the bypass to whichever connections take its
+ * slots next. So here,
+ * while the psock is still attached (under the socket's lock; no segment
+ * comes to a CLOSE socket):
+ *  - if what was redirected to it is read, nothing waits for the psock's
+ *    worker, and its peer can no longer redirect to it, it leaves the map
+ *    now, and its slot is free to go;
+ *  - else it lingers: it stays a member of its slot until its close()
+ *    (sl_release, linger_end), so the slot, its key and its member pointer
+ *    stay its own (the psock holds the socket while it is in the map). On
+ *    the plain map with its incoming direction moved to TCP, FIONREAD
+ *    counts only the psock's queue while it is in the map, never the bytes
+ *    TCP holds behind it: its timer, armed now if it had none (within the
+ *    owner's quota), takes it out once that queue is read and ends the
+ *    linger then (evict_check).
  * Returns 1 if it lingers; the caller then keeps its membership. */
 static __always_inline int linger_start(struct sl_sock *st, struct sl_conn *c, struct sock *sk)
 {
-	if (!st->in_map || valve_on(st) || c->path[(st->role ^ 1) & 1] != SL_PATH_TCP)
-		return 0;
 	/* Out of the map already: its close() (the sockmap's close ran
 	 * before this callback and detached the psock). */
-	if (!psock_of(sk))
+	if (!st->in_map || !psock_of(sk))
 		return 0;
-	/* What was redirected is read: it leaves now, so that FIONREAD
-	 * counts what TCP holds, if anything. */
-	if (may_leave(st->slot, st->role, sk)) {
-		if (!sock_leave(st, st->self_id))
+	int moved = !valve_on(st) && c->path[(st->role ^ 1) & 1] == SL_PATH_TCP;
+	if (may_leave(st->slot, st->role, sk) && !psock_skbs_waiting(sk)) {
+		/* An eviction where its direction had moved to TCP (so that
+		 * FIONREAD counts what TCP holds), as its timer's would be. */
+		if (!sock_leave(st, st->self_id) && moved)
 			count(SL_C_EVICTIONS, 1);
 		st->in_map = 0;
 		return 0;
 	}
+	st->linger = 1;
+	count(SL_C_LINGERS, 1);
+	if (!moved)
+		return 1;
 	evict_later(st, c);
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
-	if (!v || v->gen != st->gen)
-		return 0; /* no timer (the owner's quota): it leaves its slot now */
-	v->linger = 1;
-	st->linger = 1;
-	count(SL_C_LINGERS, 1);
+	if (v && v->gen == st->gen)
+		v->linger = 1;
 	return 1;
 }
 

@@ -276,6 +276,18 @@ static __always_inline int peer_may_redirect(struct sock *sk)
 	return left || refs > 1;
 }
 
+/* Whether segments an sk_skb verdict passed to sk wait for its psock's
+ * worker (its queue could not take them at once): not in the psock's
+ * queue yet, nor counted by queued_bytes; leaving the map drops them. */
+static __always_inline int psock_skbs_waiting(struct sock *sk)
+{
+	struct sk_psock *ps = psock_of(sk);
+	__u32 n = 0;
+	if (ps)
+		bpf_core_read(&n, sizeof(n), &ps->ingress_skb.qlen);
+	return n;
+}
+
 /* Whether TCP's bytes for sk have arrived but are not in its psock's
  * queue: waiting for the psock's worker (an sk_skb verdict passed them
  * while the queue could not take them at once), or still in TCP's receive
@@ -284,12 +296,9 @@ static __always_inline int peer_may_redirect(struct sock *sk)
  * socket with no file yet). A redirect now would overtake them. */
 static __always_inline int tcp_bytes_waiting(struct sock *sk)
 {
-	struct sk_psock *ps = psock_of(sk);
-	__u32 n = 0, q = 0;
-	if (ps)
-		bpf_core_read(&n, sizeof(n), &ps->ingress_skb.qlen);
+	__u32 q = 0;
 	bpf_core_read(&q, sizeof(q), &sk->sk_receive_queue.qlen);
-	return n || q;
+	return psock_skbs_waiting(sk) || q;
 }
 
 /* The next sequence number sk's TCP expects: every byte its peer sent

@@ -220,9 +220,10 @@ struct sl_sock {
 			    * redirected without a window, else 0 */
 	__u8 valve_map;    /* in sl_sockhash, with the valve's verdict (else in
 			    * sl_sockhash_plain): its connection's valve_map */
-	__u8 linger;       /* closed by its peer (CLOSE before its close()),
-			    * still in the plain map and a member of its slot
-			    * until its timer takes it out (linger_start) */
+	__u8 linger;       /* closed in the map (CLOSE before its close())
+			    * with bytes unread: a member of its slot until
+			    * its close() or its timer takes it out
+			    * (linger_start) */
 	__u8 pad[4];
 };
 
@@ -243,7 +244,8 @@ struct sl_evict_timer {
 	__u64 until_ns;
 	__u64 owner;  /* charged one timer (owner_evict_timers) */
 	__u32 linger; /* its socket closed in the map and keeps its slot
-		       * membership until this timer ends (linger_start) */
+		       * membership until this timer takes it out
+		       * (linger_start) */
 	__u32 pad;
 };
 
