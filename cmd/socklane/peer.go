@@ -422,6 +422,7 @@ func newSYNFloodCmd() *cobra.Command {
 func newOpenCmd() *cobra.Command {
 	var ports string
 	var count int
+	var closed bool
 	c := &cobra.Command{
 		Use:   "open --ports A-B --count N IP",
 		Short: "Open N idle TCP connections to IP over the ports and hold them until interrupted",
@@ -431,11 +432,12 @@ func newOpenCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return peer.Open(cmd.Context(), ips[0], ps, count, func(n int) { fmt.Fprintln(os.Stderr, "open", n) })
+			return peer.Open(cmd.Context(), ips[0], ps, count, closed, func(n int) { fmt.Fprintln(os.Stderr, "open", n) })
 		},
 	}
 	c.Flags().StringVar(&ports, "ports", "", "server ports, A or A-B (connections go round-robin)")
 	c.Flags().IntVar(&count, "count", 1000, "connections")
+	c.Flags().BoolVar(&closed, "closed", false, "send each server (an echo) a byte and half-close, and hold each connection once the echo's FIN has closed it, its answer unread")
 	return c
 }
 

@@ -3,6 +3,7 @@ package kerneltest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -13,9 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/socklane/socklane/internal/datapath"
+	"github.com/socklane/socklane/internal/peer"
 )
 
 // runClosedRole runs the role of TestClosedBeforeClose; ok is false for
@@ -27,10 +27,6 @@ func runClosedRole(role string, args []string) (ok bool, err error) {
 	n, _ := strconv.Atoi(args[1])
 	return true, holdClosed(args[0], n, args[2] == "read")
 }
-
-// tcpClose is TCP_CLOSE, the state a socket's TCP_INFO reports once its
-// connection is over.
-const tcpClose = 7
 
 // holdClosed opens n connections to an echo at addr. On each it writes
 // 1 KiB and half-closes; the echo answers and closes, and its FIN takes
@@ -66,7 +62,7 @@ func holdClosed(addr string, n int, read bool) error {
 				return fmt.Errorf("reading the echo's end: %d bytes more, %v", k, err)
 			}
 		}
-		if err := waitState(c.(*net.TCPConn), tcpClose); err != nil {
+		if err := peer.WaitClosed(context.Background(), c.(*net.TCPConn)); err != nil {
 			return err
 		}
 	}
@@ -104,25 +100,6 @@ func readEcho(c net.Conn, want []byte) error {
 		return fmt.Errorf("reading the echo's end: %d bytes more, %v", k, err)
 	}
 	return nil
-}
-
-// waitState waits up to 10 s for c's TCP state to be state.
-func waitState(c *net.TCPConn, state uint8) error {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var info *unix.TCPInfo
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		_ = raw.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
-		if err != nil {
-			return fmt.Errorf("reading TCP_INFO: %w", err)
-		}
-		if info.State == state {
-			return nil
-		}
-	}
-	return fmt.Errorf("TCP state %d after 10 s, want %d", info.State, state)
 }
 
 // TestClosedBeforeClose is the attack on slot reuse by sockets that reach

@@ -12,8 +12,11 @@ import (
 
 // Open opens count TCP connections to ip, spread over ports, and holds
 // them until ctx ends: idle connections by the thousand, as a node has
-// them. It calls ready once all are open, and closes them at the end.
-func Open(ctx context.Context, ip netip.Addr, ports []uint16, count int, ready func(int)) error {
+// them. With closed, each then sends a byte to its server (an echo) and
+// half-closes, and is held once the echo's answer and FIN have taken it to
+// CLOSE with that answer unread: connections over but for their files. It
+// calls ready once all are open, and closes them at the end.
+func Open(ctx context.Context, ip netip.Addr, ports []uint16, count int, closed bool, ready func(int)) error {
 	if len(ports) == 0 || count < 1 {
 		return fmt.Errorf("open: want at least one port and one connection")
 	}
@@ -37,10 +40,48 @@ func Open(ctx context.Context, ip netip.Addr, ports []uint16, count int, ready f
 		}
 		conns = append(conns, c)
 	}
+	if closed {
+		for i, c := range conns {
+			if _, err := c.Write([]byte{1}); err != nil {
+				return fmt.Errorf("connection %d: writing: %w", i+1, err)
+			}
+			if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+				return fmt.Errorf("connection %d: half-closing: %w", i+1, err)
+			}
+		}
+		for i, c := range conns {
+			if err := WaitClosed(ctx, c.(*net.TCPConn)); err != nil {
+				return fmt.Errorf("connection %d: %w", i+1, err)
+			}
+		}
+	}
 	ready(len(conns))
 	<-ctx.Done()
 	return nil
 }
+
+// WaitClosed waits up to 10 s for c's TCP state to be CLOSE: its peer's
+// FIN or reset ended the connection, with c's file still open.
+func WaitClosed(ctx context.Context, c *net.TCPConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for end := time.Now().Add(10 * time.Second); ctx.Err() == nil && time.Now().Before(end); time.Sleep(time.Millisecond) {
+		var info *unix.TCPInfo
+		_ = raw.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+		if err != nil {
+			return fmt.Errorf("reading TCP_INFO: %w", err)
+		}
+		if info.State == tcpStateClose {
+			return nil
+		}
+	}
+	return fmt.Errorf("not closed by its peer in 10 s")
+}
+
+// tcpStateClose is TCP_CLOSE in TCP_INFO's state.
+const tcpStateClose = 7
 
 // ListenMany listens on every port of ip and holds the listeners until ctx
 // ends, calling ready with their number once all listen.

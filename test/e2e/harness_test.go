@@ -164,9 +164,11 @@ type dpStatus struct {
 	Adapted  []string          `json:"adapted"`
 	Decided  []string          `json:"decided"`
 	Settings datapath.Settings `json:"settings"`
+	Sockets  int               `json:"bypassed_sockets"` // in the socket maps
 }
 
-// readStatus reads the running datapath's kernel, adaptations and settings.
+// readStatus reads the running datapath's kernel, adaptations, settings
+// and socket count.
 func readStatus(t *testing.T, in *testutil.Instance) dpStatus {
 	t.Helper()
 	out := in.MustRun("status", "-o", "json")

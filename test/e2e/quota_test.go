@@ -53,18 +53,47 @@ func TestOwnerQuotas(t *testing.T) {
 		if o == nil || o.Conns != q.Conns || o.RefusedConns < uint64(over) || !strings.HasSuffix(o.Path, filepath.Base(att.Cgroup)) {
 			t.Fatalf("status names the attacker %+v, want it holding %d slots, refused >= %d, cgroup %s", o, q.Conns, over, att.Cgroup)
 		}
-		// Another pod's connection joins the bypass as before.
-		start(t, srv, in.Bin, "peer", "echo", "0.0.0.0:7401")
-		waitPort(t, srv, "0.0.0.0:7401")
-		before = in.Counters()
-		runIn(t, cli, in.Bin, "peer", "pingpong", srv.IPv4.String()+":7401", "--count", "200", "--warmup", "0")
-		d = testutil.Delta(before, in.Counters())
-		mustEqual(t, d, "conns_bypassed", 1)
-		mustEqual(t, d, "fallback_quota", 0)
+		victimBypassed(t, in, cli, srv, 7401)
 		// The attacker's slots come back as its connections close.
-		_ = hold.Process.Kill()
-		_ = hold.Wait()
+		stop(hold)
 		waitFor(t, func() bool { o := ownerOf(t, in, att); return o != nil && o.Conns == 0 })
+	})
+
+	t.Run("connections closed but for their files", func(t *testing.T) {
+		// A connection its peer closed while its answer is unread keeps
+		// its slot until its file is closed (it is still in the socket
+		// map under the slot's key: linger_start): the attacker holds
+		// such connections, within its quota of slots, and another pod's
+		// connections are bypassed as before. A small quota: the slots
+		// are the same as the held connections' above.
+		const quota, over = 32, 32
+		b := testutil.Bed(t)
+		in := testutil.NewInstance(t)
+		in.Settings = append(in.Settings, "--owner-conns", fmt.Sprint(quota))
+		att, cli, srv := testutil.Pod(t, b, "attacker"), testutil.Pod(t, b, "client"), testutil.Pod(t, b, "server")
+		in.Attach(att, cli, srv)
+		start(t, att, in.Bin, "peer", "echo", "0.0.0.0:7403")
+		waitPort(t, att, "0.0.0.0:7403")
+		before := in.Counters()
+		hold, _ := backgroundIn(t, att, fmt.Sprintf("open %d", quota+over), in.Bin, "peer", "open", "--closed", "--ports", "7403", "--count", fmt.Sprint(quota+over), att.IPv4.String())
+		d := testutil.Delta(before, in.Counters())
+		mustEqual(t, d, "conns_bypassed", quota)
+		mustEqual(t, d, "lingers", quota)
+		mustAtLeast(t, d, "fallback_quota", over)
+		if o := ownerOf(t, in, att); o == nil || o.Conns != quota {
+			t.Fatalf("status names the attacker %+v, want it holding its %d slots with its connections closed", o, quota)
+		}
+		if n := readStatus(t, in).Sockets; n != quota {
+			t.Errorf("%d sockets in the maps, want the attacker's %d closed ones", n, quota)
+		}
+		victimBypassed(t, in, cli, srv, 7404)
+		// The slots come back, and the sockets leave the maps, as the
+		// attacker's files close.
+		stop(hold)
+		waitFor(t, func() bool {
+			o := ownerOf(t, in, att)
+			return o != nil && o.Conns == 0 && readStatus(t, in).Sockets == 0
+		})
 	})
 
 	t.Run("listeners", func(t *testing.T) {
@@ -173,6 +202,20 @@ func TestOwnerQuotas(t *testing.T) {
 			}
 		}
 	})
+}
+
+// victimBypassed checks that a connection from cli to an echo in srv on
+// port joins the bypass, refused nothing for a quota.
+func victimBypassed(t *testing.T, in *testutil.Instance, cli, srv *testbed.Pod, port int) {
+	t.Helper()
+	listen := fmt.Sprintf("0.0.0.0:%d", port)
+	start(t, srv, in.Bin, "peer", "echo", listen)
+	waitPort(t, srv, listen)
+	before := in.Counters()
+	runIn(t, cli, in.Bin, "peer", "pingpong", fmt.Sprintf("%s:%d", srv.IPv4, port), "--count", "200", "--warmup", "0")
+	d := testutil.Delta(before, in.Counters())
+	mustEqual(t, d, "conns_bypassed", 1)
+	mustEqual(t, d, "fallback_quota", 0)
 }
 
 // background starts name in pod p with its output in a locked buffer, and
