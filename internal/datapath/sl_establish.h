@@ -47,6 +47,26 @@ static __always_inline int server_local(const struct sl_tuple *t)
 	return 1;
 }
 
+/* Makes st the socket of role in (slot, gen), with none of a previous
+ * connection's state (a socket that connect(AF_UNSPEC) disconnected may
+ * connect again). */
+static __always_inline void sock_member_init(struct sl_sock *st, __u32 slot, __u32 gen, __u32 role)
+{
+	st->self_id = sock_id(slot, role);
+	st->peer_id = sock_id(slot, role ^ 1);
+	st->slot = slot;
+	st->gen = gen;
+	st->role = role;
+	st->evict = 0;
+	st->in_map = 0;
+	st->evict_peer = 0;
+	st->linger = 0;
+	st->checked = 0;
+	st->win_left = 0;
+	st->over_since = 0;
+	st->check_left = 0;
+}
+
 /* Joins the socket map its connection chose (valve_map). */
 static __always_inline long sock_join(struct bpf_sock_ops *skops, struct sl_sock *st)
 {
@@ -129,21 +149,9 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	c->word = mkword(gen, SL_CONN_PENDING, 1u << SL_ROLE_CLIENT);
 	set_member_sock(sk, slot, SL_ROLE_CLIENT);
 
-	st->self_id = sock_id(slot, SL_ROLE_CLIENT);
-	st->peer_id = sock_id(slot, SL_ROLE_SERVER);
-	st->slot = slot;
-	st->gen = gen;
-	st->role = SL_ROLE_CLIENT;
+	sock_member_init(st, slot, gen, SL_ROLE_CLIENT);
 	st->path = SL_PATH_UNDECIDED;
 	st->base_seq = skops->snd_nxt;
-	st->evict = 0;
-	st->in_map = 0;
-	st->evict_peer = 0;
-	st->linger = 0;
-	st->checked = 0;
-	st->win_left = 0;
-	st->over_since = 0;
-	st->check_left = 0;
 	c->server_netns = 0;
 	c->client_netns = netns;
 	conn_event(c, SL_EV_ESTABLISHED, 0, 0, SL_ROLE_CLIENT);
@@ -228,21 +236,9 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 		conn_decide(c, gen, SL_CONN_TCP, 0);
 		return;
 	}
-	st->self_id = sock_id(slot, SL_ROLE_SERVER);
-	st->peer_id = sock_id(slot, SL_ROLE_CLIENT);
-	st->slot = slot;
-	st->gen = gen;
-	st->role = SL_ROLE_SERVER;
+	sock_member_init(st, slot, gen, SL_ROLE_SERVER);
 	st->path = SL_PATH_TCP;
-	st->evict = 0;
-	st->in_map = 0;
-	st->evict_peer = 0;
-	st->linger = 0;
-	st->checked = 0;
 	st->learn = 0;
-	st->win_left = 0;
-	st->over_since = 0;
-	st->check_left = 0;
 	st->valve_map = c->valve_map;
 	c->server_netns = bpf_get_netns_cookie(skops);
 	c->cookie[SL_ROLE_SERVER] = bpf_get_socket_cookie(skops);
