@@ -457,7 +457,9 @@ SEC("cgroup/sock_release")
 int sl_release(struct bpf_sock *sk)
 {
 	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, 0);
-	if (st && st->linger)
+	/* Released: a linger that begins later must not (linger_start); one
+	 * that began ends now. */
+	if (st && __sync_val_compare_and_swap(&st->linger, SL_LINGER_NONE, SL_LINGER_RELEASED) == SL_LINGER_ON)
 		linger_end(st);
 	if (!st || st->slot == SL_NO_SLOT || (!st->win_left && !st->valve_mark))
 		return 1;

@@ -263,7 +263,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 46
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 47
 )
 
 type bypassSlListener struct {
@@ -423,8 +423,8 @@ type bypassSlSock struct {
 	CwndClamped uint8
 	FastSmall   uint8
 	ValveMap    uint8
-	Linger      uint8
-	Pad         [4]uint8
+	Pad         uint8
+	Linger      uint32
 }
 
 type bypassSlTuple struct {

@@ -92,13 +92,23 @@ enum sl_counter {
 	SL_C_MAX,
 };
 
+/* sl_sock.linger, changed by compare-and-swap only: a peer's reset can
+ * close a socket in softirq between its sock_release program and the
+ * sockmap's close, and a linger that began after sl_release looked would
+ * never end. */
+enum sl_linger {
+	SL_LINGER_NONE = 0,
+	SL_LINGER_ON = 1,       /* keeps its slot (linger_start) */
+	SL_LINGER_RELEASED = 2, /* its close() ran: it may not begin to linger */
+};
+
 /* The layout of the pinned maps and the meaning of what they hold, recorded
  * in sl_layout when a datapath is created. A socklane adopts pins only with
  * its own version: bump it with any change to a pinned map's type, key,
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 46,
+	SL_LAYOUT_VERSION = 47,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

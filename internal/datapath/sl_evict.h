@@ -215,7 +215,11 @@ static __always_inline int linger_start(struct sl_sock *st, struct sl_conn *c, s
 		st->in_map = 0;
 		return 0;
 	}
-	st->linger = 1;
+	/* Its close() ran already (sl_release, racing this softirq): the
+	 * sockmap's close takes it out next, and nothing would end a
+	 * linger. */
+	if (__sync_val_compare_and_swap(&st->linger, SL_LINGER_NONE, SL_LINGER_ON) != SL_LINGER_NONE)
+		return 0;
 	count(SL_C_LINGERS, 1);
 	if (!moved)
 		return 1;
@@ -233,7 +237,6 @@ static __always_inline int linger_start(struct sl_sock *st, struct sl_conn *c, s
  * between linger_start's arming and its marking ended without leaving. */
 static __always_inline void linger_end(struct sl_sock *st)
 {
-	st->linger = 0;
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
 	if (v && v->gen == st->gen)

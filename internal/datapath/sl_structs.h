@@ -220,11 +220,11 @@ struct sl_sock {
 			    * redirected without a window, else 0 */
 	__u8 valve_map;    /* in sl_sockhash, with the valve's verdict (else in
 			    * sl_sockhash_plain): its connection's valve_map */
-	__u8 linger;       /* closed in the map (CLOSE before its close())
-			    * with bytes unread: a member of its slot until
-			    * its close() or its timer takes it out
-			    * (linger_start) */
-	__u8 pad[4];
+	__u8 pad;
+	__u32 linger;      /* enum sl_linger: closed in the map (CLOSE before
+			    * its close()) with bytes unread, a member of its
+			    * slot until its close() or its timer takes it out
+			    * (linger_start); or released (its close() ran) */
 };
 
 /* sl_skb_seqs' value: the sequence number after the last TCP segment
