@@ -263,7 +263,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 47
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 48
 )
 
 type bypassSlListener struct {
@@ -427,6 +427,13 @@ type bypassSlSock struct {
 	Linger      uint32
 }
 
+type bypassSlSynRing struct {
+	_    structs.HostLayout
+	Next uint32
+	Pad  uint32
+	Syn  [16]bypassSlTuple
+}
+
 type bypassSlTuple struct {
 	_          structs.HostLayout
 	LocalIp    [4]uint32
@@ -474,7 +481,6 @@ const (
 	bypassMapSlKernel        = "sl_kernel"
 	bypassMapSlLayout        = "sl_layout"
 	bypassMapSlListeners     = "sl_listeners"
-	bypassMapSlLocalSyns     = "sl_local_syns"
 	bypassMapSlOwners        = "sl_owners"
 	bypassMapSlSigScratch    = "sl_sig_scratch"
 	bypassMapSlSkState       = "sl_sk_state"
@@ -482,6 +488,7 @@ const (
 	bypassMapSlSockhash      = "sl_sockhash"
 	bypassMapSlSockhashPlain = "sl_sockhash_plain"
 	bypassMapSlStats         = "sl_stats"
+	bypassMapSlSynRings      = "sl_syn_rings"
 	bypassProgSlMsg          = "sl_msg"
 	bypassProgSlReclaim      = "sl_reclaim"
 	bypassProgSlRelease      = "sl_release"
@@ -563,7 +570,6 @@ type bypassMapSpecs struct {
 	SlKernel        *ebpf.MapSpec `ebpf:"sl_kernel"`
 	SlLayout        *ebpf.MapSpec `ebpf:"sl_layout"`
 	SlListeners     *ebpf.MapSpec `ebpf:"sl_listeners"`
-	SlLocalSyns     *ebpf.MapSpec `ebpf:"sl_local_syns"`
 	SlOwners        *ebpf.MapSpec `ebpf:"sl_owners"`
 	SlSigScratch    *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
 	SlSkState       *ebpf.MapSpec `ebpf:"sl_sk_state"`
@@ -571,6 +577,7 @@ type bypassMapSpecs struct {
 	SlSockhash      *ebpf.MapSpec `ebpf:"sl_sockhash"`
 	SlSockhashPlain *ebpf.MapSpec `ebpf:"sl_sockhash_plain"`
 	SlStats         *ebpf.MapSpec `ebpf:"sl_stats"`
+	SlSynRings      *ebpf.MapSpec `ebpf:"sl_syn_rings"`
 }
 
 // bypassVariableSpecs contains global variables before they are loaded into the kernel.
@@ -618,7 +625,6 @@ type bypassMaps struct {
 	SlKernel        *ebpf.Map `ebpf:"sl_kernel"`
 	SlLayout        *ebpf.Map `ebpf:"sl_layout"`
 	SlListeners     *ebpf.Map `ebpf:"sl_listeners"`
-	SlLocalSyns     *ebpf.Map `ebpf:"sl_local_syns"`
 	SlOwners        *ebpf.Map `ebpf:"sl_owners"`
 	SlSigScratch    *ebpf.Map `ebpf:"sl_sig_scratch"`
 	SlSkState       *ebpf.Map `ebpf:"sl_sk_state"`
@@ -626,6 +632,7 @@ type bypassMaps struct {
 	SlSockhash      *ebpf.Map `ebpf:"sl_sockhash"`
 	SlSockhashPlain *ebpf.Map `ebpf:"sl_sockhash_plain"`
 	SlStats         *ebpf.Map `ebpf:"sl_stats"`
+	SlSynRings      *ebpf.Map `ebpf:"sl_syn_rings"`
 }
 
 func (m *bypassMaps) Close() error {
@@ -647,7 +654,6 @@ func (m *bypassMaps) Close() error {
 		m.SlKernel,
 		m.SlLayout,
 		m.SlListeners,
-		m.SlLocalSyns,
 		m.SlOwners,
 		m.SlSigScratch,
 		m.SlSkState,
@@ -655,6 +661,7 @@ func (m *bypassMaps) Close() error {
 		m.SlSockhash,
 		m.SlSockhashPlain,
 		m.SlStats,
+		m.SlSynRings,
 	)
 }
 

@@ -109,11 +109,25 @@ func eachEntry[K, V any](m *ebpf.Map, what string, fn func(K, V)) error {
 	return nil
 }
 
-// LocalSyns is how many SYNs sl_local_syns holds for clients of this node
-// (answered by a listener of an attached cgroup where the valve runs; a
-// client that finds its own at its handshake's end takes it: on_syn in
-// sl_establish.h), and how many it can hold: an LRU, whose oldest go first.
-func (d *Datapath) LocalSyns() (held, capacity int, err error) {
-	err = eachEntry(d.objs.SlLocalSyns, bypassMapSlLocalSyns, func(bypassSlTuple, uint8) { held++ })
-	return held, int(d.objs.SlLocalSyns.MaxEntries()), err
+// SynRings is, per CPU, the ports of the clients whose SYNs listeners of
+// attached cgroups answered last there (where the valve runs; a client that
+// finds its own at its handshake's end takes it, clearing it: on_syn in
+// sl_establish.h), newest first, those taken left out; and how many a
+// ring holds.
+func (d *Datapath) SynRings() (ports [][]uint16, size int, err error) {
+	var rings []bypassSlSynRing
+	if err := d.objs.SlSynRings.Lookup(uint32(0), &rings); err != nil {
+		return nil, 0, fmt.Errorf("reading the SYN rings: %w", err)
+	}
+	out := make([][]uint16, len(rings))
+	for cpu, r := range rings {
+		n := len(r.Syn)
+		for i := range n {
+			e := r.Syn[(int(r.Next)-1-i+2*n)%n]
+			if e.LocalPort != 0 {
+				out[cpu] = append(out[cpu], e.LocalPort)
+			}
+		}
+	}
+	return out, len(bypassSlSynRing{}.Syn), nil
 }

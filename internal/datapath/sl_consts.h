@@ -108,7 +108,7 @@ enum sl_linger {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 47,
+	SL_LAYOUT_VERSION = 48,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -349,10 +349,11 @@ enum sl_lowat {
 #define SL_SKB_TRIM_STEP 0xfffu
 #define SL_SKB_TRIM_CALLS 64
 #define SL_SKB_TRIM_MAX (SL_SKB_TRIM_STEP * SL_SKB_TRIM_CALLS)
-/* SYNs a listener of an attached cgroup answered, kept for their clients
- * (sl_local_syns): a client of this node finds its own at its handshake's
- * end, microseconds later; the rest (clients on other nodes) age out. */
-#define SL_MAX_SYNS 16384
+/* The SYNs a listener of an attached cgroup answered last on one CPU
+ * (sl_syn_rings, sl_establish.h): a client of this node finds its own at
+ * its handshake's end, microseconds later and on the same CPU. A power of
+ * two. */
+#define SL_SYN_RING 16
 /* A socket whose incoming direction moved to TCP leaves the map once what
  * was redirected to it is read; from its first transmit that found it busy
  * a timer re-checks, every SL_EVICT_CHECK_NS for SL_EVICT_STEP checks, then

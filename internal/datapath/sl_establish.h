@@ -18,33 +18,64 @@ static __always_inline void set_flags(struct bpf_sock_ops *skops, int add, int c
 		bpf_sock_ops_cb_flags_set(skops, want);
 }
 
-/* A SYN a listener of an attached cgroup answers (a request socket, in
- * BPF_SOCK_OPS_TIMEOUT_INIT): its client, if on this node, learns so from
- * sl_local_syns at its handshake's end, before its congestion control
- * starts (on_active), which is too early to find its server joined. */
+/* Where the valve runs, a client joining the bypass must learn at its
+ * handshake's end, before its congestion control starts (on_active),
+ * whether a listener of an attached cgroup on this node answered its SYN:
+ * its server joins only after that, too late to tell it. The listener
+ * records the tuple its client will have at the SYN it answers (the
+ * request socket's BPF_SOCK_OPS_TIMEOUT_INIT) in its CPU's ring
+ * (sl_syn_rings), and the client looks for it there. Between two sockets
+ * of this node both run on the CPU that sent the SYN: veth and loopback
+ * hand a packet to the softirq of the CPU that transmits it, so the SYN is
+ * answered there, the SYN-ACK received there, and the client's socket,
+ * locked by connect() meanwhile, takes it from its backlog as connect()
+ * goes on, there. A client steered elsewhere (receive packet steering on a
+ * pod's interface, a migration in between) or whose SYN was followed by
+ * SL_SYN_RING others on that CPU misses it and keeps its congestion
+ * control: slower passes through TCP, never a byte out of place. Nothing
+ * is inserted or deleted: a SYN from another node's client costs its
+ * listener a copy, a client that does not join costs nothing. */
+static __always_inline struct sl_syn_ring *syn_ring(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&sl_syn_rings, &zero);
+}
+
 static __always_inline void on_syn(struct bpf_sock_ops *skops)
 {
 	if (sl_settings.backlog_valve != SL_MODE_ON || skops->is_fullsock)
 		return;
-	struct sl_tuple self, client;
-	if (tuple_of(skops, &self) < 0)
+	struct sl_syn_ring *r = syn_ring();
+	struct sl_tuple self;
+	if (!r || tuple_of(skops, &self) < 0)
 		return;
-	reverse(&self, &client);
-	client.local_seq = client.remote_seq = 0;
-	__u8 one = 1;
-	bpf_map_update_elem(&sl_local_syns, &client, &one, BPF_ANY);
+	struct sl_tuple *e = &r->syn[r->next++ & (SL_SYN_RING - 1)];
+	reverse(&self, e);
+	e->local_seq = e->remote_seq = 0;
 }
 
-/* Whether a client's server answered its SYN from a listener of an
- * attached cgroup on this node (on_syn); the entry goes. */
+/* Whether a listener of an attached cgroup on this node answered the SYN
+ * of the client with tuple t (on_syn): the newest SYNs are looked at
+ * first, and the one found is taken. */
 static __always_inline int server_local(const struct sl_tuple *t)
 {
+	struct sl_syn_ring *r = syn_ring();
+	if (!r)
+		return 0;
 	struct sl_tuple k = *t;
 	k.local_seq = k.remote_seq = 0;
-	if (!bpf_map_lookup_elem(&sl_local_syns, &k))
-		return 0;
-	bpf_map_delete_elem(&sl_local_syns, &k);
-	return 1;
+	const __u64 *want = (const __u64 *)&k;
+	__u32 last = r->next - 1;
+	for (__u32 i = 0; i < SL_SYN_RING; i++) {
+		struct sl_tuple *e = &r->syn[(last - i) & (SL_SYN_RING - 1)];
+		const __u64 *have = (const __u64 *)e;
+		if (have[0] == want[0] && have[1] == want[1] && have[2] == want[2] && have[3] == want[3] &&
+		    have[4] == want[4] && have[5] == want[5] && have[6] == want[6]) {
+			e->local_port = e->remote_port = 0;
+			return 1;
+		}
+	}
+	return 0;
 }
 
 /* Makes st the socket of role in (slot, gen), with none of a previous

@@ -105,19 +105,15 @@ struct {
 	__type(value, struct sl_skb_seq);
 } sl_skb_seqs SEC(".maps");
 
-/* The connections a listener of an attached cgroup answered with a
- * SYN-ACK, keyed by the tuple its client will have (sequence numbers 0: a
- * request socket has none to read), so that the client learns at its
- * handshake's end that its server is on this node (unpace in sl_valve_tcp.h).
- * Added at the SYN, removed by the client; an LRU, so that SYNs from
- * other nodes' clients, or a pod's flood of them, only age entries out:
- * a client whose entry went keeps its congestion control. */
+/* Per CPU, the SYNs a listener of an attached cgroup answered last, so
+ * that a client learns at its handshake's end that its server is on this
+ * node (unpace in sl_valve_tcp.h; where and why in sl_establish.h). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, SL_MAX_SYNS);
-	__type(key, struct sl_tuple);
-	__type(value, __u8);
-} sl_local_syns SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sl_syn_ring);
+} sl_syn_rings SEC(".maps");
 
 /* Network namespaces (cookies) whose TCP stays out of the bypass: pods
  * opted out (`socklane bypass optout`, or the agent for pods labelled

@@ -34,6 +34,16 @@ struct sl_tuple {
 	__u32 pad;
 };
 
+/* The last SL_SYN_RING SYNs listeners of attached cgroups answered on one
+ * CPU, as the tuples their clients will have (sequence numbers 0: a
+ * request socket has none to read); next counts them. A client takes its
+ * own by clearing its ports. */
+struct sl_syn_ring {
+	__u32 next;
+	__u32 pad;
+	struct sl_tuple syn[SL_SYN_RING];
+};
+
 /* A destination as one network namespace's clients see it: the remote
  * address (IPv6 or IPv4-mapped, network order) and port (host order). */
 struct sl_dest {
