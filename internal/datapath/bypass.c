@@ -434,11 +434,14 @@ int sl_msg(struct sk_msg_md *msg)
 SEC("sk_skb/stream_verdict")
 int sl_skb(struct __sk_buff *skb)
 {
-	__u32 seq;
-	if (skb_tcp_seq(skb, &seq))
+	/* An empty segment is a FIN's (TCP queues no other): nothing to cut,
+	 * and no byte follows it. A short connection's sockets see their
+	 * peer's FIN only: no entry, and no cookie, is made for them. */
+	__u32 len = skb->len, seq;
+	if (!len || skb_tcp_seq(skb, &seq))
 		return SK_PASS;
+	__u32 end = seq + len;
 	__u64 cookie = bpf_get_socket_cookie(skb);
-	__u32 len = skb->len, end = seq + len;
 	struct sl_skb_seq *last = bpf_map_lookup_elem(&sl_skb_seqs, &cookie);
 	if (!last) {
 		struct sl_skb_seq first = {.next = end};

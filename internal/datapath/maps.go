@@ -131,3 +131,11 @@ func (d *Datapath) SynRings() (ports [][]uint16, size int, err error) {
 	}
 	return out, len(bypassSlSynRing{}.Syn), nil
 }
+
+// SkbSeqs is how many sockets sl_skb_seqs follows: sockets of the valve's
+// map that TCP delivered bytes to (sl_skb in bypass.c), until they close.
+func (d *Datapath) SkbSeqs() (int, error) {
+	n := 0
+	err := eachEntry(d.objs.SlSkbSeqs, bypassMapSlSkbSeqs, func(uint64, bypassSlSkbSeq) { n++ })
+	return n, err
+}

@@ -203,17 +203,24 @@ type heldOutput struct {
 // sockets in CLOSE.
 func (n *node) holdClosedRole(addr string, conns int, mode string) (*exec.Cmd, heldOutput) {
 	n.t.Helper()
+	return n.holdRole("hold-closed", addr, strconv.Itoa(conns), mode)
+}
+
+// holdRole starts role with a pipe for its stdin and waits until it says
+// "held".
+func (n *node) holdRole(role string, args ...string) (*exec.Cmd, heldOutput) {
+	n.t.Helper()
 	// An *os.File: the role's exit ends its Wait with our end open.
 	r, w, err := os.Pipe()
 	if err != nil {
 		n.t.Fatal(err)
 	}
 	n.t.Cleanup(func() { w.Close() })
-	cmd, out := n.runWith(r, "hold-closed", addr, strconv.Itoa(conns), mode)
+	cmd, out := n.runWith(r, role, args...)
 	r.Close()
 	for i := 0; !strings.Contains(out.String(), "held"); i++ {
 		if i == 500 || cmd.ProcessState != nil {
-			n.t.Fatalf("hold-closed %s: %s", mode, out.String())
+			n.t.Fatalf("%s %s: %s", role, strings.Join(args, " "), out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -121,6 +121,9 @@ func runRole(role string, args []string) error {
 	if ok, err := runClosedRole(role, args); ok {
 		return err
 	}
+	if ok, err := runFinRole(role, args); ok {
+		return err
+	}
 	if role == "overlap" { // a retransmission whose head repeats delivered bytes (TestRetransmitOverlap)
 		r, err := inPrivateNetns(func() (overlapResult, error) { return overlapStream(nil) })
 		if err != nil {
