@@ -355,12 +355,14 @@ func TestValveUnpaced(t *testing.T) {
 		name        string
 		settings    []string
 		serverOut   bool // the server's pod is not attached
+		v6          bool
 		client, srv string
 		unpaced     uint64
 	}{
-		{"bypassed, the valve", nil, false, "cubic|reno", "cubic|reno", 2},
-		{"server not attached", nil, true, "bbr", "bbr", 0},
-		{"bypassed, the backlog rule", []string{"--slow-readers", "tcp"}, false, "bbr", "bbr", 0},
+		{"bypassed, the valve", nil, false, false, "cubic|reno", "cubic|reno", 2},
+		{"bypassed, the valve, IPv6", nil, false, true, "cubic|reno", "cubic|reno", 2},
+		{"server not attached", nil, true, false, "bbr", "bbr", 0},
+		{"bypassed, the backlog rule", []string{"--slow-readers", "tcp"}, false, false, "bbr", "bbr", 0},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -376,12 +378,17 @@ func TestValveUnpaced(t *testing.T) {
 			} else {
 				in.Attach(srv, cli)
 			}
-			port := 7790 + i
+			port := uint16(7790 + i)
 			at := fmt.Sprintf("0.0.0.0:%d", port)
+			target := netip.AddrPortFrom(srv.IPv4, port)
+			if tt.v6 {
+				at = fmt.Sprintf("[::]:%d", port)
+				target = netip.AddrPortFrom(srv.IPv6, port)
+			}
 			start(t, srv, in.Bin, "peer", "sink", at)
 			waitPort(t, srv, at)
 			before := in.Counters()
-			st := start(t, cli, in.Bin, "peer", "stream", fmt.Sprintf("%s:%d", srv.IPv4, port), "--size", "16384", "--count", "0", "--duration", "1500ms")
+			st := start(t, cli, in.Bin, "peer", "stream", target.String(), "--size", "16384", "--count", "0", "--duration", "1500ms")
 			time.Sleep(500 * time.Millisecond)
 			gotCli := congestion(t, cli, fmt.Sprintf("dport = :%d", port))
 			gotSrv := congestion(t, srv, fmt.Sprintf("sport = :%d", port))
