@@ -166,13 +166,19 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 		if (!lingers)
 			conn_leave(c, st->slot, st->gen, st->role);
 	}
-	/* A timer waiting for this socket to leave the map: it left. */
-	__u32 id = st->self_id;
-	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
-	if (!lingers && v && v->gen == st->gen)
-		evict_timer_drop(&id, v);
+	/* A timer waiting for this socket to leave the map: it left. Only
+	 * sockets of the plain map arm one (evict_later, linger_start). */
+	if (!valve_on(st)) {
+		__u32 id = st->self_id;
+		struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
+		if (!lingers && v && v->gen == st->gen)
+			evict_timer_drop(&id, v);
+	}
 	st->slot = SL_NO_SLOT;
-	if (valve_on(st)) {
+	/* sl_skb follows only sockets TCP delivered bytes to (an empty
+	 * segment makes no entry): a bypassed socket seldom has any, and a
+	 * delete that finds nothing still locks a bucket of a large table. */
+	if (valve_on(st) && skops->bytes_received) {
 		__u64 cookie = bpf_get_socket_cookie(skops);
 		bpf_map_delete_elem(&sl_skb_seqs, &cookie);
 	}

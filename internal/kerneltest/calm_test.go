@@ -147,6 +147,11 @@ func calmRun(t *testing.T, addr string, learn bool) {
 			})
 		}
 		d := n.waitClosed(before, 2)
+		// Closed, they left sl_skb's sequences (a slow reader's TCP
+		// bytes made entries there).
+		if seqs, err := n.dp.SkbSeqs(); err != nil || seqs != 0 {
+			t.Errorf("%s: sl_skb_seqs follows %d sockets after both closed, want none (%v)", s.name, seqs, err)
+		}
 		if got, want := d["conns_plain"], map[bool]uint64{true: 1}[plain]; got != want {
 			t.Errorf("%s: conns_plain %d, want %d: %v", s.name, got, want, d)
 		}
