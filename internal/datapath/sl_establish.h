@@ -64,13 +64,10 @@ static __always_inline int server_local(const struct sl_tuple *t)
 		return 0;
 	struct sl_tuple k = *t;
 	k.local_seq = k.remote_seq = 0;
-	const __u64 *want = (const __u64 *)&k;
 	__u32 last = r->next - 1;
 	for (__u32 i = 0; i < SL_SYN_RING; i++) {
 		struct sl_tuple *e = &r->syn[(last - i) & (SL_SYN_RING - 1)];
-		const __u64 *have = (const __u64 *)e;
-		if (have[0] == want[0] && have[1] == want[1] && have[2] == want[2] && have[3] == want[3] &&
-		    have[4] == want[4] && have[5] == want[5] && have[6] == want[6]) {
+		if (tuple_same(e, &k)) {
 			e->local_port = e->remote_port = 0;
 			return 1;
 		}

@@ -55,6 +55,19 @@ static __always_inline int tuple_of(struct bpf_sock_ops *skops, struct sl_tuple 
 	return 0;
 }
 
+/* Whether two tuples are the same, word by word: every field counts, and
+ * pad is zeroed wherever a tuple is made (tuple_of, reverse). */
+static __always_inline int tuple_same(const struct sl_tuple *a, const struct sl_tuple *b)
+{
+	_Static_assert(sizeof(struct sl_tuple) % 8 == 0, "sl_tuple is compared in 64-bit words");
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+	__u64 diff = 0;
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(*a) / 8); i++)
+		diff |= x[i] ^ y[i];
+	return !diff;
+}
+
 static __always_inline void reverse(const struct sl_tuple *in, struct sl_tuple *out)
 {
 	__builtin_memset(out, 0, sizeof(*out));

@@ -49,7 +49,7 @@ func TestSynRingFlood(t *testing.T) {
 	flood := start(t, att, in.Bin, "peer", "synflood", "--ports", "7700", "--count", strconv.Itoa(syns), att.IPv4.String())
 	// The flood reached the rings before the victims connect: one CPU's
 	// ring is full of its SYNs, none taken (its handshakes never end).
-	size := fullRing(t, dp)
+	fullRing(t, dp)
 	integrity(t, in, srv, cli, "0.0.0.0:9000", netip.AddrPortFrom(srv.IPv4, 9000).String(), 16, "--io", "epoll")
 	d := testutil.Delta(before, in.Counters())
 	running := flood.cmd.ProcessState == nil
@@ -68,20 +68,10 @@ func TestSynRingFlood(t *testing.T) {
 	t.Logf("%d of the victims' 32 sockets gave BBR up", d["cc_unpaced"])
 
 	t.Logf("the flood was still running when the victims were done: %v", running)
-	rings, _, err := dp.SynRings()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for cpu, ports := range rings {
-		if len(ports) > size {
-			t.Fatalf("CPU %d's ring holds %d SYNs, more than its %d", cpu, len(ports), size)
-		}
-	}
 }
 
-// fullRing waits until some CPU's SYN ring is full of SYNs no client took,
-// and returns a ring's size.
-func fullRing(t *testing.T, dp *datapath.Datapath) int {
+// fullRing waits until some CPU's SYN ring is full of SYNs no client took.
+func fullRing(t *testing.T, dp *datapath.Datapath) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -92,7 +82,7 @@ func fullRing(t *testing.T, dp *datapath.Datapath) int {
 		for _, ports := range rings {
 			if len(ports) == size {
 				t.Logf("SYN rings: %v (size %d)", rings, size)
-				return size
+				return
 			}
 		}
 		if time.Now().After(deadline) {
