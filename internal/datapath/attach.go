@@ -95,8 +95,12 @@ func (d *Datapath) forgetDests() error {
 // socklane's own links are touched. Returns false if there were none.
 func (d *Datapath) Detach(cgroupID uint64) (bool, error) {
 	any := false
+	names := []string{legacyPolHook}
 	for _, h := range hooks {
-		ok, err := detachPin(d.linkPin(h.name, cgroupID))
+		names = append(names, h.name)
+	}
+	for _, n := range names {
+		ok, err := detachPin(d.linkPin(n, cgroupID))
 		if err != nil {
 			return any, err
 		}

@@ -21,16 +21,11 @@ import (
 // before anything was pinned (settings out of range) left the directory
 // Open had made.
 func TestFailedLoadLeavesNothing(t *testing.T) {
-	testutil.RequireRoot(t)
-	if err := bpffs.Ensure("/sys/fs/bpf"); err != nil {
-		t.Fatal(err)
-	}
 	t.Run("refused part way", func(t *testing.T) {
-		dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-fail-%d", os.Getpid()))
+		dir := testPinDir(t, "fail")
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = os.RemoveAll(dir) })
 		// sl_stats is read by most programs: others are created first.
 		odd, err := ebpf.NewMap(&ebpf.MapSpec{Name: "sl_stats", Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 1})
 		if err != nil {
@@ -59,8 +54,7 @@ func TestFailedLoadLeavesNothing(t *testing.T) {
 		}
 	})
 	t.Run("refused before pinning", func(t *testing.T) {
-		dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-fail2-%d", os.Getpid()))
-		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		dir := testPinDir(t, "fail2")
 		if dp, err := Open(Config{PinDir: dir, Settings: Settings{Bypass: ModeOn, VerdictWindow: MaxVerdictWindow + 1}}); err == nil {
 			dp.Close()
 			t.Fatal("Open took a verdict window past its maximum")
@@ -69,4 +63,17 @@ func TestFailedLoadLeavesNothing(t *testing.T) {
 			t.Errorf("a refused load left %s: %v", dir, err)
 		}
 	})
+}
+
+// testPinDir is a pin directory of the bpffs for a test that needs root
+// (not made; removed with what is in it at the test's end).
+func testPinDir(t *testing.T, name string) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if err := bpffs.Ensure("/sys/fs/bpf"); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-%s-%d", name, os.Getpid()))
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }

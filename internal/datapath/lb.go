@@ -29,7 +29,6 @@ var hooks = []hook{
 	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(d *Datapath) *ebpf.Program { return d.lb.SlRecvmsg6 }},
 	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername4 }},
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(d *Datapath) *ebpf.Program { return d.lb.SlGetpeername6 }},
-	{"polingress", ebpf.AttachCGroupInetIngress, func(d *Datapath) *ebpf.Program { return d.lb.SlPolIngress }},
 	{"sockrelease", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.lb.SlSockRelease }},
 	{"release", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.objs.SlRelease }},
 	{hookSockops, ebpf.AttachCGroupSockOps, func(d *Datapath) *ebpf.Program { return d.objs.SlSockops }},

@@ -125,7 +125,7 @@ func removeOwn(dir string) error {
 	var foreign []string
 	for _, e := range entries {
 		n := e.Name()
-		link := (strings.HasPrefix(n, linkPinPrefix) || strings.HasPrefix(n, portLinkPrefix)) && !e.IsDir()
+		link := (strings.HasPrefix(n, linkPinPrefix) || strings.HasPrefix(n, portLinkPrefix) || strings.HasPrefix(n, polLinkPrefix)) && !e.IsDir()
 		if !own[n] && !link {
 			foreign = append(foreign, n)
 			continue

@@ -21,14 +21,18 @@ import (
 type Pins string
 
 // links lists the datapath's pinned links: cgroup id -> hook -> pin path.
-func (p Pins) links() (map[uint64]map[string]string, error) {
+func (p Pins) links() (map[uint64]map[string]string, error) { return p.linksUnder(linkPinPrefix) }
+
+// linksUnder lists the links pinned as <prefix><hook>_<cgroup id>:
+// cgroup id -> hook -> pin path.
+func (p Pins) linksUnder(prefix string) (map[uint64]map[string]string, error) {
 	entries, err := os.ReadDir(string(p))
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", string(p), err)
 	}
 	out := map[uint64]map[string]string{}
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), linkPinPrefix)
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
 		if !ok {
 			continue
 		}
@@ -76,8 +80,10 @@ func (p Pins) Attachments() ([]Attachment, error) {
 // or is load-balanced; live ones keep what they have. Returns the number of
 // cgroups detached.
 func (p Pins) DetachAll() (int, error) {
-	if err := p.detachPorts(); err != nil {
-		return 0, err
+	for _, prefix := range []string{portLinkPrefix, polLinkPrefix} {
+		if err := p.detachPrefix(prefix); err != nil {
+			return 0, err
+		}
 	}
 	ls, err := p.links()
 	if err != nil {

@@ -6,8 +6,87 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/cgroups"
 	"github.com/socklane/socklane/internal/policy"
 )
+
+// polLinkPrefix names the pinned links of the policy's packet hook: it
+// runs for every packet its cgroups receive, so it is attached to pod
+// cgroups only while a policy needs it there (policyTargets), not to the
+// datapath's attachments.
+const polLinkPrefix = "pollink_"
+
+// legacyPolHook is the packet hook's name among the attachments' links
+// (link_polingress_<id>) in builds that attached it to every attached
+// cgroup; such links are detached at the next apply.
+const legacyPolHook = "polingress"
+
+// policyHooks is the policy's packet hook: sl_pol_ingress judges a TCP
+// connection's SYN into an ingress-isolated pod and an unconnected UDP
+// flow's first datagram, and records at the receiver the exchange that
+// lets its answers out (past its own egress policy and the sender's
+// ingress policy, both judged at its sendmsg).
+var policyHooks = []hook{{"ingress", ebpf.AttachCGroupInetIngress, func(d *Datapath) *ebpf.Program { return d.lb.SlPolIngress }}}
+
+// policyTargets are the cgroups (id -> path) of the pods the packet hook
+// must run in under t. While any pod is isolated for ingress, every pod
+// is: any of them may receive a datagram from an isolated pod and answer
+// it, and the answer is judged against the isolated pod's ingress at the
+// answering pod's sendmsg unless the hook recorded the exchange. Without
+// ingress isolation, only pods isolated for egress need it (their own
+// answers); with no isolation at all, none. A pod whose cgroup is gone is
+// left out: none of its processes can receive a packet.
+func policyTargets(t *policy.Tables) (map[uint64]string, error) {
+	anyIngress := false
+	for _, c := range t.Cgroups {
+		anyIngress = anyIngress || c.Isolated[policy.Ingress]
+	}
+	want := map[uint64]string{}
+	var root string
+	for _, c := range t.Cgroups {
+		if c.ID == 0 || !anyIngress && !c.Isolated[policy.Egress] {
+			continue
+		}
+		if root == "" {
+			r, err := cgroups.Root()
+			if err != nil {
+				return nil, err
+			}
+			root = r
+		}
+		path, err := cgroups.PathOf(root, c.ID)
+		if errors.Is(err, cgroups.ErrGone) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		want[c.ID] = path
+	}
+	return want, nil
+}
+
+// PolicyTargets lists the cgroups the policy's packet hook is attached to.
+func (d *Datapath) PolicyTargets() ([]uint64, error) {
+	return Pins(d.cfg.PinDir).targets(polLinkPrefix)
+}
+
+// dropLegacyPolHooks detaches the packet hook from the attachments of a
+// build that attached it to all of them.
+func (d *Datapath) dropLegacyPolHooks() error {
+	ls, err := Pins(d.cfg.PinDir).links()
+	if err != nil {
+		return err
+	}
+	for _, hs := range ls {
+		if pin, ok := hs[legacyPolHook]; ok {
+			if _, err := detachPin(pin); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // PolicyStats is what an apply of network policy wrote.
 type PolicyStats struct {
@@ -16,6 +95,9 @@ type PolicyStats struct {
 	Cgroups   int    `json:"cgroups"`
 	Rules     int    `json:"rules"`
 	Bank      uint32 `json:"bank"`
+	// Hooked counts the pod cgroups the packet hook (sl_pol_ingress)
+	// is on (see policyTargets).
+	Hooked int `json:"hooked_cgroups"`
 	// Took is the time until the new tables were live; Cleared the time
 	// spent after that emptying the previous bank.
 	Took    time.Duration `json:"took_ns"`
@@ -71,7 +153,11 @@ func (d *Datapath) ApplyPolicies(t *policy.Tables, freed []uint32) (PolicyStats,
 			return PolicyStats{}, err
 		}
 	}
-	st := PolicyStats{Policies: len(t.IDs), Addresses: len(t.IPs), Cgroups: len(t.Cgroups), Rules: len(t.Rules), Bank: next}
+	targets, err := policyTargets(t)
+	if err != nil {
+		return PolicyStats{}, fmt.Errorf("finding the cgroups of pods for the policy's packet hook: %w", err)
+	}
+	st := PolicyStats{Policies: len(t.IDs), Addresses: len(t.IPs), Cgroups: len(t.Cgroups), Rules: len(t.Rules), Bank: next, Hooked: len(targets)}
 	ipKeys, ipVals := make([]polIPKey, len(t.IPs)), make([]polPeer, len(t.IPs))
 	for i, e := range t.IPs {
 		bits := e.Prefix.Bits()
@@ -110,14 +196,29 @@ func (d *Datapath) ApplyPolicies(t *policy.Tables, freed []uint32) (PolicyStats,
 	if err := batchPut(d.lb.SlPolStats, freed, zero); err != nil {
 		return st, fmt.Errorf("resetting counters of removed policies: %w", err)
 	}
+	// The packet hook goes on the pods that need it before the bank
+	// that isolates them (or their peers) is live (until then it finds
+	// nobody newly isolated and lets every packet in), and comes off the
+	// pods that no longer need it only after it.
+	made, err := d.attachTargets(polLinkPrefix, policyHooks, targets, nil)
+	if err != nil {
+		return st, fmt.Errorf("attaching the policy's packet hook: %w", err)
+	}
 	l := polLive{Bank: next, Generation: gen + 1, Dirty: 1}
 	if len(t.IDs) > 0 {
 		l.Enabled = 1
 	}
 	if err := d.lb.SlPolCtl.Put(uint32(0), &l); err != nil {
+		detachPins(made)
 		return st, fmt.Errorf("publishing policy bank %d: %w", next, err)
 	}
 	st.Took = time.Since(start)
+	if err := d.detachTargetsBut(polLinkPrefix, policyHooks, targets); err != nil {
+		return st, fmt.Errorf("detaching the policy's packet hook from pods that no longer need it: %w", err)
+	}
+	if err := d.dropLegacyPolHooks(); err != nil {
+		return st, fmt.Errorf("detaching the policy's packet hook from attachments: %w", err)
+	}
 	time.Sleep(policyGrace)
 	cleared := time.Now()
 	if err := d.clearPolicyBank(live); err != nil {

@@ -3,12 +3,10 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 )
 
 // portLinkPrefix names the pinned links of the port virtualization hooks:
@@ -103,12 +101,8 @@ func (d *Datapath) adoptPorts() error {
 	return nil
 }
 
-func (d *Datapath) portLinkPin(h string, cgroupID uint64) string {
-	return filepath.Join(d.cfg.PinDir, portLinkPrefix+h+"_"+fmt.Sprint(cgroupID))
-}
-
 // PortTargets lists the cgroups the port hooks are attached to.
-func (d *Datapath) PortTargets() ([]uint64, error) { return Pins(d.cfg.PinDir).portTargets() }
+func (d *Datapath) PortTargets() ([]uint64, error) { return Pins(d.cfg.PinDir).targets(portLinkPrefix) }
 
 // udpOnly reports whether a port hook serves only unconnected UDP sends
 // and receives (it runs for every such datagram).
@@ -124,94 +118,13 @@ func udpOnly(h hook) bool {
 // cgroups of want (id -> path): new ones attached, others detached; the
 // hooks of unconnected UDP datagrams only if udp (some rule has a UDP
 // virtual port), since they run for every datagram. Only socklane's own
-// port links are touched. On an attach failure the cgroup is left without
-// any port hook and the error returned.
+// port links are touched. On an attach failure the hooks this call
+// attached are detached again and the error returned.
 func (d *Datapath) SetPortTargets(want map[uint64]string, udp bool) error {
-	have, err := d.PortTargets()
-	if err != nil {
-		return err
+	if _, err := d.attachTargets(portLinkPrefix, portHooks, want, func(h hook) bool { return udpOnly(h) && !udp }); err != nil {
+		return fmt.Errorf("attaching port hooks: %w", err)
 	}
-	for id, path := range want {
-		var made []string
-		for _, h := range portHooks {
-			pin := d.portLinkPin(h.name, id)
-			if udpOnly(h) && !udp {
-				if _, err := detachPin(pin); err != nil {
-					return err
-				}
-				continue
-			}
-			if _, err := os.Stat(pin); err == nil {
-				continue
-			}
-			l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: h.attach, Program: h.prog(d)})
-			if err == nil {
-				err = l.Pin(pin)
-				l.Close()
-			}
-			if err != nil {
-				for _, p := range made {
-					_, _ = detachPin(p)
-				}
-				return fmt.Errorf("attaching port hook %s to %s: %w", h.name, path, err)
-			}
-			made = append(made, pin)
-		}
-	}
-	for _, id := range have {
-		if _, ok := want[id]; ok {
-			continue
-		}
-		for _, h := range portHooks {
-			if _, err := detachPin(d.portLinkPin(h.name, id)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// portTargets lists the cgroup ids with pinned port links.
-func (p Pins) portTargets() ([]uint64, error) {
-	entries, err := os.ReadDir(string(p))
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", string(p), err)
-	}
-	seen := map[uint64]bool{}
-	var out []uint64
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), portLinkPrefix)
-		if !ok {
-			continue
-		}
-		i := strings.LastIndexByte(rest, '_')
-		var id uint64
-		if i < 0 {
-			continue
-		}
-		if _, err := fmt.Sscan(rest[i+1:], &id); err != nil || seen[id] {
-			continue
-		}
-		seen[id] = true
-		out = append(out, id)
-	}
-	return out, nil
-}
-
-// detachPorts removes every port link.
-func (p Pins) detachPorts() error {
-	entries, err := os.ReadDir(string(p))
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", string(p), err)
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), portLinkPrefix) {
-			if _, err := detachPin(filepath.Join(string(p), e.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return d.detachTargetsBut(portLinkPrefix, portHooks, want)
 }
 
 // PortCounterNames names the per-workload port counters (from BTF).

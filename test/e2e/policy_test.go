@@ -9,10 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/policy/netpoltest"
@@ -223,7 +225,12 @@ func TestPolicyFirstPacket(t *testing.T) {
 	// An event reader, to see the denial reported with its policy.
 	evCmd, evOut, _ := background(t, pb.in, "reading events", "events", "-o", "json", "--type", "policy_denied")
 	_ = evCmd
+	// Without a policy no attached pod runs the packet hook.
+	pb.checkPacketHooks(t)
 	pb.apply(t, pb.file(t, denyIngressX))
+	// Ingress isolation anywhere puts it on every pod: any of them may
+	// answer a datagram from an isolated pod.
+	pb.checkPacketHooks(t, "x/a", "x/b", "x/c", "y/a", "y/b", "y/c", "z/a", "z/b", "z/c")
 	before := lbCountersOf(t, pb.in)
 	res := reach(t, pb.in, remote, time.Second, targets)
 	for _, r := range res {
@@ -268,6 +275,32 @@ func TestPolicyFirstPacket(t *testing.T) {
 	d = testutil.Delta(before, lbCountersOf(t, pb.in))
 	if d["pol_first_packet"] != 1 {
 		t.Errorf("pol_first_packet +%d for one 4 MiB TCP stream: want 1 (its SYN)", d["pol_first_packet"])
+	}
+	// With egress isolation only, only the isolated pod gets the hook
+	// (its UDP answers are let out by the exchanges the hook records);
+	// with no policy left, no pod has it.
+	pb.apply(t, pb.file(t, `
+  - metadata: {name: deny-egress, namespace: y}
+    spec: {podSelector: {matchLabels: {pod: b}}, policyTypes: [Egress]}
+`))
+	pb.checkPacketHooks(t, "y/b")
+	pb.apply(t, pb.file(t, ""))
+	pb.checkPacketHooks(t)
+}
+
+// checkPacketHooks checks, from the kernel's list of each pod cgroup's
+// programs, that the policy's packet hook (cgroup_skb ingress) is attached
+// to exactly the pods named.
+func (pb *policyBed) checkPacketHooks(t *testing.T, hooked ...string) {
+	t.Helper()
+	for p, tp := range pb.pods {
+		want := 0
+		if slices.Contains(hooked, p.String()) {
+			want = 1
+		}
+		if n := testutil.AttachedCount(t, tp.Cgroup, ebpf.AttachCGroupInetIngress); n != want {
+			t.Errorf("pod %s: %d cgroup_skb ingress programs attached, want %d (hooked pods: %v)", p, n, want, hooked)
+		}
 	}
 }
 

@@ -56,7 +56,7 @@ routes:
 	}
 	// TCP only: no program runs for UDP datagrams of the workloads.
 	for at, want := range map[ebpf.AttachType]int{ebpf.AttachCGroupInet4Bind: 1, ebpf.AttachCGroupInet4Connect: 1, ebpf.AttachCGroupUDP4Sendmsg: 0, ebpf.AttachCGroupUDP6Recvmsg: 0} {
-		if n := attachedCount(t, pb.a.Cgroup, at); n != want {
+		if n := testutil.AttachedCount(t, pb.a.Cgroup, at); n != want {
 			t.Errorf("%d programs at %s on redis-a's cgroup, want %d", n, at, want)
 		}
 	}

@@ -12,10 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/socklane/socklane/internal/peer"
 	"github.com/socklane/socklane/internal/testbed"
 	"github.com/socklane/socklane/internal/testutil"
@@ -226,7 +223,7 @@ func TestPortsSideBySide(t *testing.T) {
 		{pb.c, "udp-unconnected", "127.0.0.1:3000", "b"},
 	})
 	// UDP virtual ports: the hooks of unconnected datagrams are attached.
-	if n := attachedCount(t, pb.a.Cgroup, ebpf.AttachCGroupUDP4Sendmsg); n != 1 {
+	if n := testutil.AttachedCount(t, pb.a.Cgroup, ebpf.AttachCGroupUDP4Sendmsg); n != 1 {
 		t.Errorf("%d sendmsg4 programs on wa's cgroup, want 1 (rules with UDP ports)", n)
 	}
 	c := pb.list(t).Counters
@@ -302,20 +299,4 @@ func TestPortsAddresses(t *testing.T) {
 			t.Errorf("ports hosts:\n%s\nwant a line %q", hosts, want)
 		}
 	}
-}
-
-// attachedCount is the number of programs attached to a cgroup at one
-// attach point, as the kernel reports them.
-func attachedCount(t *testing.T, cgroup string, at ebpf.AttachType) int {
-	t.Helper()
-	fd, err := unix.Open(cgroup, unix.O_DIRECTORY|unix.O_RDONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	res, err := link.QueryPrograms(link.QueryOptions{Target: fd, Attach: at})
-	if err != nil {
-		t.Fatalf("querying %s on %s: %v", at, cgroup, err)
-	}
-	return len(res.Programs)
 }
