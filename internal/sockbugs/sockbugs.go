@@ -197,7 +197,11 @@ func detect(redirect bool) (Report, error) {
 		}},
 	}
 	for _, pr := range probes {
-		p, err := newPair(redirect)
+		in := pairTCP
+		if redirect {
+			in = pairRedirect
+		}
+		p, err := newPair(in)
 		if err != nil {
 			return r, err
 		}
@@ -236,16 +240,30 @@ func loopbackUp() error {
 	return nil
 }
 
-// pair is a client and a server socket over loopback, both in a socket map
+// pair is a client and a server socket over loopback, in a socket map
 // whose sk_msg program redirects the client's sends into the server's
-// receive queue.
+// receive queue (as its pairMode says).
 type pair struct {
 	client, server int
 	m              *ebpf.Map
 	prog           *ebpf.Program
 }
 
-func newPair(redirect bool) (*pair, error) {
+// pairMode is where a pair's sockets are.
+type pairMode int
+
+const (
+	// pairTCP: neither in a map (plain TCP).
+	pairTCP pairMode = iota
+	// pairRedirect: both in the map, the client's sends redirected.
+	pairRedirect
+	// pairServerInMap: only the server in the map (which has no stream
+	// verdict), so the client's bytes reach it through TCP: a socket of
+	// socklane's plain map whose peer sends through TCP.
+	pairServerInMap
+)
+
+func newPair(mode pairMode) (*pair, error) {
 	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -282,7 +300,7 @@ func newPair(redirect bool) (*pair, error) {
 	if err := unix.SetsockoptTimeval(p.server, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return nil, err
 	}
-	if !redirect {
+	if mode == pairTCP {
 		ok = true
 		return p, nil
 	}
@@ -312,7 +330,11 @@ func newPair(redirect bool) (*pair, error) {
 	}
 	// After the program: a socket takes the map's programs when it joins.
 	// Key 0: the server (the redirect target).
-	for key, fd := range []int{p.server, p.client} {
+	members := []int{p.server, p.client}
+	if mode == pairServerInMap {
+		members = members[:1]
+	}
+	for key, fd := range members {
 		if err := p.m.Update(uint32(key), uint64(fd), ebpf.UpdateAny); err != nil {
 			return nil, fmt.Errorf("adding a socket to the map: %w", err)
 		}
@@ -369,15 +391,33 @@ func (p *pair) interruptedRead() (bool, string, error) {
 
 // epollWakeup waits in epoll_wait on the (empty) server socket while the
 // client sends, and reports whether the wait timed out.
-func (p *pair) epollWakeup() (bool, string, error) {
+func (p *pair) epollWakeup() (bool, string, error) { return p.epollWakeupFor(unix.EPOLLIN) }
+
+// epollWakeupFor is epollWakeup waiting for events (EPOLLIN, with or
+// without EPOLLET).
+func (p *pair) epollWakeupFor(events uint32) (bool, string, error) {
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return false, "", err
 	}
 	defer unix.Close(ep)
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, p.server, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(p.server)}); err != nil {
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, p.server, &unix.EpollEvent{Events: events, Fd: int32(p.server)}); err != nil {
 		return false, "", err
 	}
+	n, err := epollWaitWhile(ep, probeSignalWait/4, 10*probeSignalWait, func() error {
+		_, err := unix.Write(p.client, []byte(probeMessage))
+		return err
+	})
+	if n < 0 {
+		return false, "", err
+	}
+	return n != 1 || err != nil, fmt.Sprintf("epoll_wait returned %d (err %v) for bytes sent while it waited", n, err), nil
+}
+
+// epollWaitWhile waits in epoll_wait on ep, on a thread of its own, for
+// up to timeout; once that thread sleeps there (or settle passed), it
+// calls send. It returns epoll_wait's count and error, or -1 and send's.
+func epollWaitWhile(ep int, settle, timeout time.Duration, send func() error) (int, error) {
 	type result struct {
 		n   int
 		err error
@@ -390,7 +430,7 @@ func (p *pair) epollWakeup() (bool, string, error) {
 		tidCh <- unix.Gettid()
 		evs := make([]unix.EpollEvent, 1)
 		for {
-			n, err := unix.EpollWait(ep, evs, int(2*probeSignalWait/time.Millisecond)*5)
+			n, err := unix.EpollWait(ep, evs, int(timeout/time.Millisecond))
 			if errors.Is(err, unix.EINTR) {
 				continue
 			}
@@ -398,12 +438,13 @@ func (p *pair) epollWakeup() (bool, string, error) {
 			return
 		}
 	}()
-	waitBlocked(<-tidCh, ep, probeSignalWait/4)
-	if _, err := unix.Write(p.client, []byte(probeMessage)); err != nil {
-		return false, "", err
+	waitBlocked(<-tidCh, ep, settle)
+	if err := send(); err != nil {
+		<-done
+		return -1, err
 	}
 	r := <-done
-	return r.n != 1 || r.err != nil, fmt.Sprintf("epoll_wait returned %d (err %v) for bytes redirected while it waited", r.n, r.err), nil
+	return r.n, r.err
 }
 
 // rmemAlloc is fd's receive memory (SO_MEMINFO's sk_rmem_alloc).
