@@ -4,7 +4,7 @@
 /* socklane bypass datapath.
  *
  * sl_sockops puts both ends of a same-node TCP connection into a socket map
- * (sl_sockhash with the valve's verdict, or sl_sockhash_plain);
+ * (sl_sockmap with the valve's verdict, or sl_sockmap_plain);
  * sl_msg redirects each send straight into the peer socket's receive queue.
  *
  * One path per direction: a direction starts on the bypass only if no byte
@@ -378,7 +378,7 @@ int sl_msg(struct sk_msg_md *msg)
 		if (reason == SL_C_FALLBACK_PEER_GONE && len < sl_settings.verdict_window && small_stream(msg, st, c, dir, len))
 			reason = SL_C_FALLBACK_SMALL_STREAM;
 		if (reason == SL_C_FALLBACK_PEER_GONE) {
-			if (sock_redirect(msg, st, &st->peer_id) == SK_PASS) {
+			if (sock_redirect(msg, st, st->peer_id) == SK_PASS) {
 				__u32 window = 0;
 				/* Without a window, the next small sends may skip
 				 * the verdict where the count just read leaves no
@@ -426,7 +426,7 @@ int sl_msg(struct sk_msg_md *msg)
 	return SK_PASS;
 }
 
-/* On sl_sockhash with the valve (--slow-readers valve) only: TCP's bytes
+/* On sl_sockmap with the valve (--slow-readers valve) only: TCP's bytes
  * for a socket in the map join the queue of the bytes redirected to it, in
  * order of arrival, so that FIONREAD counts both and a redirect after a
  * pass through TCP cannot overtake what TCP delivered.

@@ -263,7 +263,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 48
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 49
 )
 
 type bypassSlListener struct {
@@ -485,8 +485,8 @@ const (
 	bypassMapSlSigScratch    = "sl_sig_scratch"
 	bypassMapSlSkState       = "sl_sk_state"
 	bypassMapSlSkbSeqs       = "sl_skb_seqs"
-	bypassMapSlSockhash      = "sl_sockhash"
-	bypassMapSlSockhashPlain = "sl_sockhash_plain"
+	bypassMapSlSockmap       = "sl_sockmap"
+	bypassMapSlSockmapPlain  = "sl_sockmap_plain"
 	bypassMapSlStats         = "sl_stats"
 	bypassMapSlSynRings      = "sl_syn_rings"
 	bypassProgSlMsg          = "sl_msg"
@@ -553,31 +553,31 @@ type bypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
-	SlBrief         *ebpf.MapSpec `ebpf:"sl_brief"`
-	SlBypassOptout  *ebpf.MapSpec `ebpf:"sl_bypass_optout"`
-	SlCalmDests     *ebpf.MapSpec `ebpf:"sl_calm_dests"`
-	SlCapSettings   *ebpf.MapSpec `ebpf:"sl_cap_settings"`
-	SlCapTokens     *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
-	SlCapture       *ebpf.MapSpec `ebpf:"sl_capture"`
-	SlConnFree      *ebpf.MapSpec `ebpf:"sl_conn_free"`
-	SlConnIndex     *ebpf.MapSpec `ebpf:"sl_conn_index"`
-	SlConnNext      *ebpf.MapSpec `ebpf:"sl_conn_next"`
-	SlConnSocks     *ebpf.MapSpec `ebpf:"sl_conn_socks"`
-	SlConns         *ebpf.MapSpec `ebpf:"sl_conns"`
-	SlEvSettings    *ebpf.MapSpec `ebpf:"sl_ev_settings"`
-	SlEvents        *ebpf.MapSpec `ebpf:"sl_events"`
-	SlEvictTimers   *ebpf.MapSpec `ebpf:"sl_evict_timers"`
-	SlKernel        *ebpf.MapSpec `ebpf:"sl_kernel"`
-	SlLayout        *ebpf.MapSpec `ebpf:"sl_layout"`
-	SlListeners     *ebpf.MapSpec `ebpf:"sl_listeners"`
-	SlOwners        *ebpf.MapSpec `ebpf:"sl_owners"`
-	SlSigScratch    *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
-	SlSkState       *ebpf.MapSpec `ebpf:"sl_sk_state"`
-	SlSkbSeqs       *ebpf.MapSpec `ebpf:"sl_skb_seqs"`
-	SlSockhash      *ebpf.MapSpec `ebpf:"sl_sockhash"`
-	SlSockhashPlain *ebpf.MapSpec `ebpf:"sl_sockhash_plain"`
-	SlStats         *ebpf.MapSpec `ebpf:"sl_stats"`
-	SlSynRings      *ebpf.MapSpec `ebpf:"sl_syn_rings"`
+	SlBrief        *ebpf.MapSpec `ebpf:"sl_brief"`
+	SlBypassOptout *ebpf.MapSpec `ebpf:"sl_bypass_optout"`
+	SlCalmDests    *ebpf.MapSpec `ebpf:"sl_calm_dests"`
+	SlCapSettings  *ebpf.MapSpec `ebpf:"sl_cap_settings"`
+	SlCapTokens    *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
+	SlCapture      *ebpf.MapSpec `ebpf:"sl_capture"`
+	SlConnFree     *ebpf.MapSpec `ebpf:"sl_conn_free"`
+	SlConnIndex    *ebpf.MapSpec `ebpf:"sl_conn_index"`
+	SlConnNext     *ebpf.MapSpec `ebpf:"sl_conn_next"`
+	SlConnSocks    *ebpf.MapSpec `ebpf:"sl_conn_socks"`
+	SlConns        *ebpf.MapSpec `ebpf:"sl_conns"`
+	SlEvSettings   *ebpf.MapSpec `ebpf:"sl_ev_settings"`
+	SlEvents       *ebpf.MapSpec `ebpf:"sl_events"`
+	SlEvictTimers  *ebpf.MapSpec `ebpf:"sl_evict_timers"`
+	SlKernel       *ebpf.MapSpec `ebpf:"sl_kernel"`
+	SlLayout       *ebpf.MapSpec `ebpf:"sl_layout"`
+	SlListeners    *ebpf.MapSpec `ebpf:"sl_listeners"`
+	SlOwners       *ebpf.MapSpec `ebpf:"sl_owners"`
+	SlSigScratch   *ebpf.MapSpec `ebpf:"sl_sig_scratch"`
+	SlSkState      *ebpf.MapSpec `ebpf:"sl_sk_state"`
+	SlSkbSeqs      *ebpf.MapSpec `ebpf:"sl_skb_seqs"`
+	SlSockmap      *ebpf.MapSpec `ebpf:"sl_sockmap"`
+	SlSockmapPlain *ebpf.MapSpec `ebpf:"sl_sockmap_plain"`
+	SlStats        *ebpf.MapSpec `ebpf:"sl_stats"`
+	SlSynRings     *ebpf.MapSpec `ebpf:"sl_syn_rings"`
 }
 
 // bypassVariableSpecs contains global variables before they are loaded into the kernel.
@@ -608,31 +608,31 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
-	SlBrief         *ebpf.Map `ebpf:"sl_brief"`
-	SlBypassOptout  *ebpf.Map `ebpf:"sl_bypass_optout"`
-	SlCalmDests     *ebpf.Map `ebpf:"sl_calm_dests"`
-	SlCapSettings   *ebpf.Map `ebpf:"sl_cap_settings"`
-	SlCapTokens     *ebpf.Map `ebpf:"sl_cap_tokens"`
-	SlCapture       *ebpf.Map `ebpf:"sl_capture"`
-	SlConnFree      *ebpf.Map `ebpf:"sl_conn_free"`
-	SlConnIndex     *ebpf.Map `ebpf:"sl_conn_index"`
-	SlConnNext      *ebpf.Map `ebpf:"sl_conn_next"`
-	SlConnSocks     *ebpf.Map `ebpf:"sl_conn_socks"`
-	SlConns         *ebpf.Map `ebpf:"sl_conns"`
-	SlEvSettings    *ebpf.Map `ebpf:"sl_ev_settings"`
-	SlEvents        *ebpf.Map `ebpf:"sl_events"`
-	SlEvictTimers   *ebpf.Map `ebpf:"sl_evict_timers"`
-	SlKernel        *ebpf.Map `ebpf:"sl_kernel"`
-	SlLayout        *ebpf.Map `ebpf:"sl_layout"`
-	SlListeners     *ebpf.Map `ebpf:"sl_listeners"`
-	SlOwners        *ebpf.Map `ebpf:"sl_owners"`
-	SlSigScratch    *ebpf.Map `ebpf:"sl_sig_scratch"`
-	SlSkState       *ebpf.Map `ebpf:"sl_sk_state"`
-	SlSkbSeqs       *ebpf.Map `ebpf:"sl_skb_seqs"`
-	SlSockhash      *ebpf.Map `ebpf:"sl_sockhash"`
-	SlSockhashPlain *ebpf.Map `ebpf:"sl_sockhash_plain"`
-	SlStats         *ebpf.Map `ebpf:"sl_stats"`
-	SlSynRings      *ebpf.Map `ebpf:"sl_syn_rings"`
+	SlBrief        *ebpf.Map `ebpf:"sl_brief"`
+	SlBypassOptout *ebpf.Map `ebpf:"sl_bypass_optout"`
+	SlCalmDests    *ebpf.Map `ebpf:"sl_calm_dests"`
+	SlCapSettings  *ebpf.Map `ebpf:"sl_cap_settings"`
+	SlCapTokens    *ebpf.Map `ebpf:"sl_cap_tokens"`
+	SlCapture      *ebpf.Map `ebpf:"sl_capture"`
+	SlConnFree     *ebpf.Map `ebpf:"sl_conn_free"`
+	SlConnIndex    *ebpf.Map `ebpf:"sl_conn_index"`
+	SlConnNext     *ebpf.Map `ebpf:"sl_conn_next"`
+	SlConnSocks    *ebpf.Map `ebpf:"sl_conn_socks"`
+	SlConns        *ebpf.Map `ebpf:"sl_conns"`
+	SlEvSettings   *ebpf.Map `ebpf:"sl_ev_settings"`
+	SlEvents       *ebpf.Map `ebpf:"sl_events"`
+	SlEvictTimers  *ebpf.Map `ebpf:"sl_evict_timers"`
+	SlKernel       *ebpf.Map `ebpf:"sl_kernel"`
+	SlLayout       *ebpf.Map `ebpf:"sl_layout"`
+	SlListeners    *ebpf.Map `ebpf:"sl_listeners"`
+	SlOwners       *ebpf.Map `ebpf:"sl_owners"`
+	SlSigScratch   *ebpf.Map `ebpf:"sl_sig_scratch"`
+	SlSkState      *ebpf.Map `ebpf:"sl_sk_state"`
+	SlSkbSeqs      *ebpf.Map `ebpf:"sl_skb_seqs"`
+	SlSockmap      *ebpf.Map `ebpf:"sl_sockmap"`
+	SlSockmapPlain *ebpf.Map `ebpf:"sl_sockmap_plain"`
+	SlStats        *ebpf.Map `ebpf:"sl_stats"`
+	SlSynRings     *ebpf.Map `ebpf:"sl_syn_rings"`
 }
 
 func (m *bypassMaps) Close() error {
@@ -658,8 +658,8 @@ func (m *bypassMaps) Close() error {
 		m.SlSigScratch,
 		m.SlSkState,
 		m.SlSkbSeqs,
-		m.SlSockhash,
-		m.SlSockhashPlain,
+		m.SlSockmap,
+		m.SlSockmapPlain,
 		m.SlStats,
 		m.SlSynRings,
 	)

@@ -1,6 +1,6 @@
 // Package datapath loads, pins, attaches and reads the bypass datapath:
 // the sl_sockops program on cgroups, the sl_msg program on the socket maps
-// (sl_sockhash and sl_sockhash_plain), and the maps they share.
+// (sl_sockmap and sl_sockmap_plain), and the maps they share.
 package datapath
 
 import (
@@ -215,7 +215,7 @@ func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 	for _, m := range []struct {
 		name string
 		m    *ebpf.Map
-	}{{bypassMapSlSockhash, d.objs.SlSockhash}, {bypassMapSlSockhashPlain, d.objs.SlSockhashPlain}} {
+	}{{bypassMapSlSockmap, d.objs.SlSockmap}, {bypassMapSlSockmapPlain, d.objs.SlSockmapPlain}} {
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{
 			Target:  m.m.FD(),
 			Program: d.objs.SlMsg,
@@ -228,11 +228,11 @@ func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 	// holds the attachment, as it holds sl_msg's.
 	if loaded.BacklogValve.On() {
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{
-			Target:  d.objs.SlSockhash.FD(),
+			Target:  d.objs.SlSockmap.FD(),
 			Program: d.objs.SlSkb,
 			Attach:  ebpf.AttachSkSKBStreamVerdict,
 		}); err != nil {
-			return nil, fmt.Errorf("attaching the valve's sk_skb verdict to sl_sockhash (--slow-readers tcp does without it): %w", err)
+			return nil, fmt.Errorf("attaching the valve's sk_skb verdict to sl_sockmap (--slow-readers tcp does without it): %w", err)
 		}
 	}
 	if err := d.objs.SlSockops.Pin(filepath.Join(cfg.PinDir, progPinSockops)); err != nil {
@@ -361,7 +361,7 @@ func tcpRmemMax() uint32 {
 // Programs returns the datapath's programs (for their kernel statistics).
 func (d *Datapath) Programs() []*ebpf.Program {
 	out := []*ebpf.Program{d.objs.SlSockops, d.objs.SlMsg, d.objs.SlRelease}
-	// The valve's verdict is held by sl_sockhash, not pinned: a datapath
+	// The valve's verdict is held by sl_sockmap, not pinned: a datapath
 	// that adopted the pins has none to read.
 	if d.objs.SlSkb != nil {
 		out = append(out, d.objs.SlSkb)

@@ -12,7 +12,7 @@ import (
 // pod, by keeping thousands of its sockets in them, leaves another pod's
 // sockets without one, and are allocated as used (the room costs nothing
 // until sockets take it). sl_evict_timers is keyed by a socket's key in
-// sl_sockhash (slot << 1 | role): without a timer a FIONREAD reader would
+// sl_sockmap (slot << 1 | role): without a timer a FIONREAD reader would
 // wait for bytes FIONREAD does not count. sl_skb_seqs is keyed by cookie,
 // an entry per member of a slot: without one a retransmission's repeated
 // head would reach the reader twice.
@@ -27,10 +27,14 @@ func TestPerSocketMapsHoldEverySocket(t *testing.T) {
 	}
 	keys := 2 * maps.SlConns.MaxEntries
 	// The two socket maps share one key space: a connection's members
-	// join one of them.
-	for name, m := range map[string]*ebpf.MapSpec{"sl_sockhash": maps.SlSockhash, "sl_sockhash_plain": maps.SlSockhashPlain} {
-		if got := m.MaxEntries; got > keys {
-			t.Errorf("%s holds %d sockets, more than the %d keys the per-socket maps are sized for", name, got, keys)
+	// join one of them. Each is an array indexed by socket id: it must
+	// have an entry for every id, and no more than the per-socket maps.
+	for name, m := range map[string]*ebpf.MapSpec{"sl_sockmap": maps.SlSockmap, "sl_sockmap_plain": maps.SlSockmapPlain} {
+		if m.Type != ebpf.SockMap {
+			t.Errorf("%s is a %s, want a SockMap indexed by socket id (the redirect's lookup without a hash)", name, m.Type)
+		}
+		if got := m.MaxEntries; got != keys {
+			t.Errorf("%s holds %d sockets, want one per socket id: %d", name, got, keys)
 		}
 	}
 	for name, m := range map[string]*ebpf.MapSpec{"sl_evict_timers": maps.SlEvictTimers, "sl_skb_seqs": maps.SlSkbSeqs} {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -103,10 +104,10 @@ func (p Pins) DetachAll() (int, error) {
 
 // SocketCounts are the sockets in each socket map.
 type SocketCounts struct {
-	// Valve: in sl_sockhash, whose sk_skb verdict the valve needs (their
+	// Valve: in sl_sockmap, whose sk_skb verdict the valve needs (their
 	// reads take the kernel's parser receive path).
 	Valve int `json:"valve"`
-	// Plain: in sl_sockhash_plain (a destination learned calm, or the
+	// Plain: in sl_sockmap_plain (a destination learned calm, or the
 	// datapath runs without the valve).
 	Plain int `json:"plain"`
 }
@@ -124,35 +125,52 @@ func (p Pins) Sockets() (int, error) {
 // SocketsByMap counts the sockets currently in each socket map.
 func (p Pins) SocketsByMap() (SocketCounts, error) {
 	var s SocketCounts
-	var err error
-	if s.Valve, err = countPinnedKeys(filepath.Join(string(p), bypassMapSlSockhash)); err != nil {
+	ids, err := p.socketIDsUsed()
+	if err != nil {
 		return s, err
 	}
-	s.Plain, err = countPinnedKeys(filepath.Join(string(p), bypassMapSlSockhashPlain))
+	if s.Valve, err = countPinnedSockets(filepath.Join(string(p), bypassMapSlSockmap), ids); err != nil {
+		return s, err
+	}
+	s.Plain, err = countPinnedSockets(filepath.Join(string(p), bypassMapSlSockmapPlain), ids)
 	return s, err
 }
 
-// countPinnedKeys counts the keys of the socket map pinned at path.
-func countPinnedKeys(path string) (int, error) {
-	m, err := ebpf.LoadPinnedMap(path, nil)
+// socketIDsUsed bounds the socket ids (slot << 1 | role) a socket can be
+// under: those of the slots ever taken, which are taken fresh and in order
+// (sl_conn_next) before any is reused.
+func (p Pins) socketIDsUsed() (uint32, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(string(p), bypassMapSlConnNext), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return 0, fmt.Errorf("opening the pinned connection slot counter: %w", err)
+	}
+	defer m.Close()
+	var next uint64
+	if err := m.Lookup(uint32(0), &next); err != nil {
+		return 0, fmt.Errorf("reading the connection slot counter: %w", err)
+	}
+	return uint32(min(next, uint64(math.MaxUint32/2)) * 2), nil
+}
+
+// countPinnedSockets counts the sockets of the socket map pinned at path
+// (an array indexed by socket id) under its first ids ids.
+func countPinnedSockets(path string, ids uint32) (int, error) {
+	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return 0, fmt.Errorf("opening pinned socket map %s: %w", filepath.Base(path), err)
 	}
 	defer m.Close()
-	var key, next uint32
 	n := 0
-	k := any(nil)
-	for n <= int(m.MaxEntries()) {
-		err := m.NextKey(k, &next)
+	var cookie uint64
+	for id := range min(ids, m.MaxEntries()) {
+		err := m.Lookup(id, &cookie)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
+			continue
 		}
 		if err != nil {
-			return n, fmt.Errorf("iterating socket map %s: %w", filepath.Base(path), err)
+			return n, fmt.Errorf("looking up socket id %d in socket map %s: %w", id, filepath.Base(path), err)
 		}
 		n++
-		key = next
-		k = &key
 	}
 	return n, nil
 }

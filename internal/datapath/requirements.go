@@ -255,13 +255,14 @@ var (
 	}
 	mapTypeSince = map[ebpf.MapType]string{
 		ebpf.Hash: "3.19", ebpf.Array: "3.19", ebpf.PerCPUArray: "4.6", ebpf.LRUHash: "4.10",
-		ebpf.SockHash: "4.18", ebpf.Queue: "4.20", ebpf.SkStorage: "5.2", ebpf.RingBuf: "5.8",
+		ebpf.SockMap: "4.14", ebpf.SockHash: "4.18", ebpf.Queue: "4.20", ebpf.SkStorage: "5.2", ebpf.RingBuf: "5.8",
 		ebpf.LPMTrie: "4.11",
 	}
 	helperAdded = map[asm.BuiltinFunc]string{
 		asm.FnMapLookupElem: "3.19", asm.FnMapUpdateElem: "3.19", asm.FnMapDeleteElem: "3.19",
 		asm.FnKtimeGetNs: "4.1", asm.FnGetPrandomU32: "4.1", asm.FnGetSocketCookie: "4.12",
 		asm.FnSockOpsCbFlagsSet: "4.16", asm.FnMsgApplyBytes: "4.17", asm.FnMsgPullData: "4.17",
+		asm.FnSockMapUpdate: "4.14", asm.FnMsgRedirectMap: "4.17",
 		asm.FnMsgRedirectHash: "4.18", asm.FnSockHashUpdate: "4.18", asm.FnGetCurrentCgroupId: "4.18",
 		asm.FnMapPushElem: "4.20", asm.FnMapPopElem: "4.20", asm.FnSkStorageGet: "5.2",
 		asm.FnProbeReadKernel: "5.5", asm.FnGetNetnsCookie: "5.7", asm.FnRingbufReserve: "5.8",

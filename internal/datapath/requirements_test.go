@@ -35,12 +35,12 @@ func TestRequirementsFromObjects(t *testing.T) {
 		"program type sk_msg":                                       "4.17",
 		"attach type cgroup_inet4_get_peername":                     "5.8",
 		"attach type cgroup_inet_sock_release":                      "5.9",
-		"map type sock_hash":                                        "4.18",
+		"map type sock_map":                                         "4.14",
 		"map type ring_buf":                                         "5.8",
 		"helper bpf_get_netns_cookie for sock_ops programs":         "5.15",
 		"helper bpf_get_netns_cookie for cgroup_sock_addr programs": "5.7",
 		"helper bpf_set_retval for cgroup_sock_addr programs":       "5.18",
-		"helper bpf_msg_redirect_hash for sk_msg programs":          "4.18",
+		"helper bpf_msg_redirect_map for sk_msg programs":           "4.17",
 	} {
 		if got[what] != since {
 			t.Errorf("%q: since %q, want %q (all: %v)", what, got[what], since, got)

@@ -64,7 +64,7 @@ struct sl_config {
 	enum sl_mode backlog_valve;
 	/* SL_MODE_ON (with the valve): a connection whose client's namespace
 	 * saw its destination's last SL_CALM_LEARN bypassed connections close
-	 * with no byte through TCP joins sl_sockhash_plain, without the
+	 * with no byte through TCP joins sl_sockmap_plain, without the
 	 * valve's verdict (reads on the kernel's plain receive path; a slow
 	 * reader's direction moves to TCP). Otherwise every connection joins
 	 * the valve's map. Off by default: a socket of the plain map whose

@@ -273,8 +273,8 @@ static __always_inline void clear_member_sock(__u32 slot, __u32 role)
 		socks->server = 0;
 }
 
-/* Whether st's connection runs with the valve, in sl_sockhash: loaded with
- * it, and joined its map (valve_map); else it is in sl_sockhash_plain and a
+/* Whether st's connection runs with the valve, in sl_sockmap: loaded with
+ * it, and joined its map (valve_map); else it is in sl_sockmap_plain and a
  * slow reader's direction moves to TCP. Every choice between the two maps
  * asks this: where the settings alone decide (the valve off, or on without
  * calm destinations) it is a constant and the verifier drops the other
@@ -286,13 +286,13 @@ static __always_inline int valve_on(const struct sl_sock *st)
 	return sl_settings.calm_plain != SL_MODE_ON || st->valve_map;
 }
 
-/* Redirects msg to the peer under key *peer, in the map st's connection
- * joined. */
-static __always_inline long sock_redirect(struct sk_msg_md *msg, const struct sl_sock *st, __u32 *peer)
+/* Redirects msg to the peer under socket id peer, in the map st's
+ * connection joined. */
+static __always_inline long sock_redirect(struct sk_msg_md *msg, const struct sl_sock *st, __u32 peer)
 {
 	if (valve_on(st))
-		return bpf_msg_redirect_hash(msg, &sl_sockhash, peer, BPF_F_INGRESS);
-	return bpf_msg_redirect_hash(msg, &sl_sockhash_plain, peer, BPF_F_INGRESS);
+		return bpf_msg_redirect_map(msg, &sl_sockmap, peer, BPF_F_INGRESS);
+	return bpf_msg_redirect_map(msg, &sl_sockmap_plain, peer, BPF_F_INGRESS);
 }
 
 /* Takes the socket under key id (a member of st's connection) out of the
@@ -300,8 +300,8 @@ static __always_inline long sock_redirect(struct sk_msg_md *msg, const struct sl
 static __always_inline long sock_leave(const struct sl_sock *st, __u32 id)
 {
 	if (valve_on(st))
-		return bpf_map_delete_elem(&sl_sockhash, &id);
-	return bpf_map_delete_elem(&sl_sockhash_plain, &id);
+		return bpf_map_delete_elem(&sl_sockmap, &id);
+	return bpf_map_delete_elem(&sl_sockmap_plain, &id);
 }
 
 #endif /* SL_CONN_H */

@@ -82,7 +82,7 @@ enum sl_counter {
 				       * SL_VALVE_SMALL_SEND given a congestion window of
 				       * SL_VALVE_SMALL_CWND (valve_cwnd in sl_valve_tcp.h) */
 	SL_C_CONNS_PLAIN,             /* connections that joined without the valve's verdict
-				       * (sl_sockhash_plain): the last SL_CALM_LEARN connections
+				       * (sl_sockmap_plain): the last SL_CALM_LEARN connections
 				       * from their client's namespace to their destination
 				       * never needed it (in conns_bypassed too) */
 	SL_C_LINGERS,                 /* sockets closed in the map (CLOSE before their close(): a peer's
@@ -108,7 +108,7 @@ enum sl_linger {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 48,
+	SL_LAYOUT_VERSION = 49,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -228,13 +228,13 @@ enum sl_sig_mask {
 #define SL_BRIEF_PROBE_NS 1000000000ull
 #define SL_MAX_BRIEF 65536 /* destinations remembered (LRU) */
 
-/* With the valve on, a connection joins sl_sockhash, whose sk_skb verdict
+/* With the valve on, a connection joins sl_sockmap, whose sk_skb verdict
  * puts its reads on the kernel's parser receive path (a clock read, a
  * receive-space update and a cleanup of the receive buffer each), unless
  * (--calm-destinations plain) the last SL_CALM_LEARN bypassed connections from its client's network
  * namespace to its destination closed with no byte through TCP (no valve
  * pass, no move: calm_note in sl_brief.h): then it joins
- * sl_sockhash_plain, whose reads are TCP's plain ones, and its slow
+ * sl_sockmap_plain, whose reads are TCP's plain ones, and its slow
  * reader's direction moves to TCP (the backlog rule) and starts the count
  * over. */
 enum sl_calm {

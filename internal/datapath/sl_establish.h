@@ -99,8 +99,8 @@ static __always_inline void sock_member_init(struct sl_sock *st, __u32 slot, __u
 static __always_inline long sock_join(struct bpf_sock_ops *skops, struct sl_sock *st)
 {
 	if (valve_on(st))
-		return bpf_sock_hash_update(skops, &sl_sockhash, &st->self_id, BPF_NOEXIST);
-	return bpf_sock_hash_update(skops, &sl_sockhash_plain, &st->self_id, BPF_NOEXIST);
+		return bpf_sock_map_update(skops, &sl_sockmap, &st->self_id, BPF_NOEXIST);
+	return bpf_sock_map_update(skops, &sl_sockmap_plain, &st->self_id, BPF_NOEXIST);
 }
 
 static __always_inline void on_active(struct bpf_sock_ops *skops)

@@ -89,7 +89,7 @@ static __always_inline int may_leave(__u32 slot, __u32 role, struct sock *self)
 }
 
 /* The timer of a socket waiting to leave the map (key: its key in
- * sl_sockhash_plain: a socket of the valve's map has none, evict_later):
+ * sl_sockmap_plain: a socket of the valve's map has none, evict_later):
  * takes it out once it may leave, else checks again later (SL_EVICT_* in
  * sl_consts.h). A slot of another generation (its sockets closed, the slot
  * reused or reclaimed) or a closed member ends it. A lingering member
@@ -124,7 +124,7 @@ static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 	 * lookup, and sock_ops has no bpf_sk_release to drop it.) */
 	if (word_gen(c->word) != v->gen || member_sock(slot, role) != self)
 		goto done;
-	if (!bpf_map_delete_elem(&sl_sockhash_plain, &id))
+	if (!bpf_map_delete_elem(&sl_sockmap_plain, &id))
 		count(SL_C_EVICTIONS, 1);
 done:;
 	__u32 gen = v->gen, linger = v->linger && !stays;

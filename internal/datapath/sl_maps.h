@@ -9,15 +9,17 @@
 #include "sl_structs.h"
 #include "sl_event_structs.h"
 
-/* Managed sockets, keyed by socket id (slot << 1 | role). A compact key keeps
- * the per-message redirect lookup cheap; endpoint matching happens once per
- * connection in sl_conn_index. */
+/* Managed sockets, an array indexed by socket id (slot << 1 | role, below
+ * SL_MAX_SOCKS): the per-message redirect reads one entry, with no hash
+ * and no bucket walk (a SOCKHASH's lookup cost sl_msg about 100 ns a send:
+ * docs/benchmarks.md, Socket maps as arrays); endpoint matching happens
+ * once per connection in sl_conn_index. */
 struct {
-	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(type, BPF_MAP_TYPE_SOCKMAP);
 	__uint(max_entries, SL_MAX_SOCKS);
 	__type(key, __u32);
 	__type(value, __u64);
-} sl_sockhash SEC(".maps");
+} sl_sockmap SEC(".maps");
 
 /* The same for connections that join without the valve's sk_skb verdict
  * (a datapath loaded with --slow-readers tcp, or, with --calm-destinations
@@ -29,11 +31,11 @@ struct {
  * a slow reader's direction here moves to TCP (the backlog rule). Keys
  * are unique across the two maps: a connection's members join one. */
 struct {
-	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(type, BPF_MAP_TYPE_SOCKMAP);
 	__uint(max_entries, SL_MAX_SOCKS);
 	__type(key, __u32);
 	__type(value, __u64);
-} sl_sockhash_plain SEC(".maps");
+} sl_sockmap_plain SEC(".maps");
 
 /* One entry: SL_LAYOUT_VERSION of the socklane that created the datapath.
  * Written by the loader, read by adopters, never by the programs. */
@@ -79,7 +81,7 @@ struct {
 /* Sockets whose incoming direction moved to TCP and that still hold
  * redirected bytes: a timer each, which takes them out of the map once
  * those are read, with no transmit of theirs needed (see on_transmit).
- * Room for every key of sl_sockhash, allocated as used: no pod can fill it
+ * Room for every key of sl_sockmap, allocated as used: no pod can fill it
  * and leave another's sockets without a timer. A pod's share is bounded by
  * owner_evict_timers, charged to its connections' owner (evict_later). */
 struct {
@@ -94,7 +96,7 @@ struct {
  * a socket of the map ended, keyed by the socket's cookie (an sk_skb
  * program has no socket storage). Added by sl_skb, removed when the socket
  * closes (on_close) or its slot is reclaimed (sl_reclaim, with the member
- * cookies of struct sl_conn): only members of a slot join sl_sockhash and
+ * cookies of struct sl_conn): only members of a slot join sl_sockmap and
  * a member keeps its slot until it closes, so the entries are at most two
  * per slot, and no pod can fill the map. Allocated as used. */
 struct {
@@ -132,7 +134,7 @@ struct {
  * (nothing is filled at load); slots freed since wait in sl_conn_free and
  * are taken only once the counter has passed SL_MAX_CONNS: a freed slot
  * rests as long as possible before reuse (its sockets may still be
- * leaving sl_sockhash under its keys). */
+ * leaving sl_sockmap under its keys). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

@@ -79,9 +79,7 @@ __noinline int fast_send(struct sk_msg_md *msg, struct sl_sock *st, struct sl_co
 		return 0;
 	if (capture_of(c))
 		return 0;
-	/* The key from the stack: 6.1 takes no argument's memory for one. */
-	__u32 peer = st->peer_id;
-	if (sock_redirect(msg, st, &peer) != SK_PASS)
+	if (sock_redirect(msg, st, st->peer_id) != SK_PASS)
 		return 0;
 	st->check_left -= len;
 	/* As small_stream for a send of its size: a stream starts over. */

@@ -89,8 +89,8 @@ struct sl_conn {
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
 	__u8 signals[2];          /* enum sl_signals per member role (per-process mode) */
-	__u8 valve_map;           /* the members joined sl_sockhash, with the valve's verdict
-				   * (else sl_sockhash_plain): chosen by the client (on_active) */
+	__u8 valve_map;           /* the members joined sl_sockmap, with the valve's verdict
+				   * (else sl_sockmap_plain): chosen by the client (on_active) */
 	__u8 pad;
 	__u32 msgs_charged[2];    /* messages charged to owner, per direction (msgs_quota) */
 };
@@ -228,8 +228,8 @@ struct sl_sock {
 	__u8 fast_small;   /* sends under the verdict window fast_send may still
 			    * take: SL_WINDOW_SENDS after a full verdict that
 			    * redirected without a window, else 0 */
-	__u8 valve_map;    /* in sl_sockhash, with the valve's verdict (else in
-			    * sl_sockhash_plain): its connection's valve_map */
+	__u8 valve_map;    /* in sl_sockmap, with the valve's verdict (else in
+			    * sl_sockmap_plain): its connection's valve_map */
 	__u8 pad;
 	__u32 linger;      /* enum sl_linger: closed in the map (CLOSE before
 			    * its close()) with bytes unread, a member of its
@@ -245,7 +245,7 @@ struct sl_skb_seq {
 };
 
 /* A socket waiting to leave the map (sl_evict_timers, keyed by its key in
- * sl_sockhash): the generation of its slot, the checks made since it last
+ * sl_sockmap): the generation of its slot, the checks made since it last
  * transmitted, and when the checks end. */
 struct sl_evict_timer {
 	struct bpf_timer timer;

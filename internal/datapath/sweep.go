@@ -83,11 +83,11 @@ func (d *Datapath) Sweep(owned func([]MemberSocket) (map[uint64]bool, error)) (S
 				continue
 			}
 			var cookie uint64
-			if err := d.objs.SlSockhash.Lookup(slot<<1|role, &cookie); err == nil {
+			if err := d.objs.SlSockmap.Lookup(slot<<1|role, &cookie); err == nil {
 				st.Live++
 				return
 			}
-			if err := d.objs.SlSockhashPlain.Lookup(slot<<1|role, &cookie); err == nil {
+			if err := d.objs.SlSockmapPlain.Lookup(slot<<1|role, &cookie); err == nil {
 				st.Live++
 				return
 			}
