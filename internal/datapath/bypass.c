@@ -468,8 +468,18 @@ int sl_release(struct bpf_sock *sk)
 	struct sl_sock *st = bpf_sk_storage_get(&sl_sk_state, sk, 0, 0);
 	/* Released: a linger that begins later must not (linger_start); one
 	 * that began ends now. */
-	if (st && __sync_val_compare_and_swap(&st->linger, SL_LINGER_NONE, SL_LINGER_RELEASED) == SL_LINGER_ON)
+	if (st && __sync_val_compare_and_swap(&st->linger, SL_LINGER_NONE, SL_LINGER_RELEASED) == SL_LINGER_ON) {
 		linger_end(st);
+		/* Its reads after CLOSE ran TCP's last segments through sl_skb
+		 * (tcp_bpf_recvmsg_parser hands what is left in the receive
+		 * queue to the verdict), after its close callback removed its
+		 * entry there: remove the one they made, or it stays until
+		 * the slot's reclaim. */
+		if (valve_on(st)) {
+			__u64 cookie = bpf_get_socket_cookie(sk);
+			bpf_map_delete_elem(&sl_skb_seqs, &cookie);
+		}
+	}
 	if (!st || st->slot == SL_NO_SLOT || (!st->win_left && !st->valve_mark))
 		return 1;
 	struct sl_conn *c = conn_of(st->slot);
