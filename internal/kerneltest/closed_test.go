@@ -210,6 +210,20 @@ func (n *node) holdClosedRole(addr string, conns int, mode string) (*exec.Cmd, h
 // "held".
 func (n *node) holdRole(role string, args ...string) (*exec.Cmd, heldOutput) {
 	n.t.Helper()
+	cmd, out, w := n.runPiped(role, args...)
+	for i := 0; !strings.Contains(out.String(), "held"); i++ {
+		if i == 500 || cmd.ProcessState != nil {
+			n.t.Fatalf("%s %s: %s", role, strings.Join(args, " "), out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return cmd, heldOutput{out, w}
+}
+
+// runPiped is run with a pipe for the role's stdin, whose write end it
+// returns (closed at the test's end).
+func (n *node) runPiped(role string, args ...string) (*exec.Cmd, *bytes.Buffer, *os.File) {
+	n.t.Helper()
 	// An *os.File: the role's exit ends its Wait with our end open.
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -218,11 +232,5 @@ func (n *node) holdRole(role string, args ...string) (*exec.Cmd, heldOutput) {
 	n.t.Cleanup(func() { w.Close() })
 	cmd, out := n.runWith(r, role, args...)
 	r.Close()
-	for i := 0; !strings.Contains(out.String(), "held"); i++ {
-		if i == 500 || cmd.ProcessState != nil {
-			n.t.Fatalf("%s %s: %s", role, strings.Join(args, " "), out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cmd, heldOutput{out, w}
+	return cmd, out, w
 }

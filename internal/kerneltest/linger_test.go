@@ -2,12 +2,14 @@ package kerneltest
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +31,9 @@ func runLingerRole(role string, args []string) (ok bool, err error) {
 		return true, resetWriter(args[0], size)
 	case "fionread-reader": // ADDR: reads one connection by FIONREAD once stdin has a line, then holds it until stdin ends
 		return true, fionreadReader(args[0])
+	case "late-acceptor": // ADDR N: accepts N connections once stdin has a line, reads each to its end, then holds them until stdin ends
+		n, _ := strconv.Atoi(args[1])
+		return true, lateAcceptor(args[0], n)
 	}
 	return false, nil
 }
@@ -173,23 +178,8 @@ func TestResetWhileUnread(t *testing.T) {
 	}
 	const addr = "127.0.0.1:7720"
 	before := n.counters()
-	// An *os.File, so that the reader's exit ends its Wait without our
-	// end of the pipe closing.
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	reader, out := n.runWith(r, "fionread-reader", addr)
-	r.Close()
-	exited := make(chan error, 1)
-	go func() { exited <- reader.Wait() }()
-	for i := 0; !strings.Contains(out.String(), "listening"); i++ {
-		if i == 500 {
-			t.Fatalf("the reader did not listen: %s", out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	reader := n.listenPiped("fionread-reader", addr)
+	out, w, exited := reader.out, reader.w, reader.exited
 	wcmd, wout := n.run("reset-writer", addr, strconv.Itoa(64<<20))
 	if err := wcmd.Wait(); err != nil {
 		t.Fatalf("reset-writer: %v: %s", err, wout.String())
@@ -199,15 +189,7 @@ func TestResetWhileUnread(t *testing.T) {
 	if _, err := w.Write([]byte("read\n")); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.After(time.Minute); !strings.Contains(out.String(), "read "); {
-		select {
-		case err := <-exited:
-			t.Fatalf("the reader ended before it read to the end: %v: %s", err, out.String())
-		case <-deadline:
-			t.Fatalf("the reader did not finish in a minute: %s", out.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	reader.waitRead()
 	d := delta(before, n.counters())
 	got, err := n.dp.SocketsByMap()
 	if err != nil {
@@ -236,5 +218,176 @@ func TestResetWhileUnread(t *testing.T) {
 	w.Close()
 	if err := <-exited; err != nil {
 		t.Fatalf("fionread-reader: %v: %s", err, out.String())
+	}
+}
+
+// lateAcceptor listens on addr and, once stdin has a line, accepts n
+// connections and reads each to its end (EOF or a reset), checking that
+// what it read is a prefix of the reset writer's stream. Says "read N"
+// with the bytes read over all, then holds the connections open until
+// stdin ends.
+func lateAcceptor(addr string, n int) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	fmt.Println("listening")
+	stdin := bufio.NewReader(os.Stdin)
+	if _, err := stdin.ReadString('\n'); err != nil {
+		return fmt.Errorf("waiting for the word to accept: %w", err)
+	}
+	want := lingerStream(lateWriterBytes)
+	buf := make([]byte, 256<<10)
+	total := 0
+	for i := range n {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got := 0
+		for {
+			k, err := c.Read(buf)
+			if got+k > len(want) || string(buf[:k]) != string(want[got:got+k]) {
+				return fmt.Errorf("connection %d: the %d bytes read after %d differ from what was sent", i, k, got)
+			}
+			got += k
+			if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("connection %d, after %d bytes: %w", i, got, err)
+			}
+		}
+		total += got
+	}
+	fmt.Printf("read %d\n", total)
+	_, _ = io.Copy(io.Discard, stdin)
+	return nil
+}
+
+// lateWriterBytes is what each reset writer of TestResetBeforeAccept
+// offers: more than its reader's buffers take.
+const lateWriterBytes = 8 << 20
+
+// TestResetBeforeAccept is the attack on sl_skb_seqs, the valve's table of
+// where TCP's last segment to each socket ended: sized per socket and
+// shared by every pod, and once full the verdict can cut no one's
+// retransmission heads (err_skb_trim), whose bytes then arrive twice. A
+// socket's close callback removes its entry; TCP's segments that reached
+// a socket not yet accepted wait in its receive queue (the verdict needs
+// the socket's file), and the first read after accept() hands them to the
+// verdict, which makes the entry again, after that callback. The attacker
+// owns both ends: conns writers each write to a listener that does not
+// accept yet until the valve passes their sends through TCP, then reset
+// their connection; each accepted socket reaches CLOSE before accept()
+// with redirected bytes unread, and lingers. The listener then accepts,
+// reads every byte and holds the sockets open, then closes them. The
+// evidence: the entries their reads made while held (the attack ran),
+// none left once the sockets are closed, and every byte read in order.
+func TestResetBeforeAccept(t *testing.T) {
+	const conns = 8
+	n := newNode(t, func(s *datapath.Settings) { s.BacklogLimit = 64 << 10 })
+	st, err := n.dp.Settings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.BacklogValve.On() {
+		t.Skipf("the valve does not run on %s (the kernel does not charge redirected bytes to their reader): no sk_skb verdict, no sl_skb_seqs to fill", kernel())
+	}
+	const addr = "127.0.0.1:7721"
+	before := n.counters()
+	acceptor := n.listenPiped("late-acceptor", addr, strconv.Itoa(conns))
+	out, w, exited := acceptor.out, acceptor.w, acceptor.exited
+	var writers []*exec.Cmd
+	var wouts []*bytes.Buffer
+	for range conns {
+		cmd, wout := n.run("reset-writer", addr, strconv.Itoa(lateWriterBytes))
+		writers, wouts = append(writers, cmd), append(wouts, wout)
+	}
+	for i, cmd := range writers {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("reset-writer: %v: %s", err, wouts[i].String())
+		}
+	}
+	reset := delta(before, n.counters())
+	seqsReset, err := n.dp.SkbSeqs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reset before accept: sl_skb_seqs follows %d; %v", seqsReset, reset)
+	if reset["lingers"] != conns || reset["valve_opens"] == 0 || reset["pass_msgs"] == 0 {
+		t.Fatalf("lingers %d (want %d), valve openings %d, messages through TCP %d: want every reset socket lingering with TCP's bytes waiting",
+			reset["lingers"], conns, reset["valve_opens"], reset["pass_msgs"])
+	}
+	if _, err := w.Write([]byte("accept\n")); err != nil {
+		t.Fatal(err)
+	}
+	acceptor.waitRead()
+	seqsHeld, err := n.dp.SkbSeqs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("accepted and read (%s): sl_skb_seqs follows %d", strings.TrimSpace(out.String()), seqsHeld)
+	if seqsHeld == 0 {
+		t.Errorf("sl_skb_seqs follows no socket after the reads: TCP's waiting segments did not reach the verdict after the close callbacks")
+	}
+	w.Close()
+	if err := <-exited; err != nil {
+		t.Fatalf("late-acceptor: %v: %s", err, out.String())
+	}
+	seqs, err := n.waitSkbSeqsEmpty()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := delta(before, n.counters())
+	t.Logf("closed: sl_skb_seqs follows %d; %v", seqs, d)
+	if seqs != 0 {
+		t.Errorf("sl_skb_seqs follows %d sockets after the attacker's closed, want none: nothing else removes such an entry, so each such connection would keep one for good", seqs)
+	}
+	if d["err_skb_trim"] != 0 {
+		t.Errorf("err_skb_trim %d, want 0", d["err_skb_trim"])
+	}
+}
+
+// pipedRole is a listening role started with a pipe for its stdin.
+type pipedRole struct {
+	t      *testing.T
+	role   string
+	out    *bytes.Buffer
+	w      *os.File
+	exited chan error // its Wait's result
+}
+
+// listenPiped starts role with a pipe for its stdin and waits until it
+// listens.
+func (n *node) listenPiped(role string, args ...string) pipedRole {
+	n.t.Helper()
+	cmd, out, w := n.runPiped(role, args...)
+	p := pipedRole{t: n.t, role: role, out: out, w: w, exited: make(chan error, 1)}
+	go func() { p.exited <- cmd.Wait() }()
+	for i := 0; !strings.Contains(out.String(), "listening"); i++ {
+		if i == 500 {
+			n.t.Fatalf("%s did not listen: %s", role, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return p
+}
+
+// waitRead waits, a minute at most, until the role says it read to the
+// end ("read ...").
+func (p pipedRole) waitRead() {
+	p.t.Helper()
+	for deadline := time.After(time.Minute); !strings.Contains(p.out.String(), "read "); {
+		select {
+		case err := <-p.exited:
+			p.t.Fatalf("%s ended before it read to the end: %v: %s", p.role, err, p.out.String())
+		case <-deadline:
+			p.t.Fatalf("%s did not finish in a minute: %s", p.role, p.out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
