@@ -12,7 +12,7 @@ deps: ## install system packages (Debian; as root)
 	./scripts/install-deps.sh
 
 generate: ## regenerate BPF objects and Go bindings (bpf2go) and the sync protocol's Go code (buf)
-	$(GO) generate ./internal/datapath/ ./internal/statesync/ ./internal/bench/bare/
+	$(GO) generate ./internal/datapath/ ./internal/statesync/ ./internal/bench/bare/ ./internal/sockbugs/
 	$$(./scripts/buf.sh) generate
 
 proto-check: ## lint the sync protocol and check it for breaking changes against proto/baseline.binpb (buf)
@@ -42,8 +42,8 @@ unit: ## every package's tests that need neither root nor the kernel (seconds)
 	SOCKLANE_UNIT=1 $(GO) test -count=1 ./...
 
 check-generated: generate ## fail if committed generated files differ from a fresh build
-	git diff --exit-code -- internal/datapath/ internal/statesync/ internal/syncpb/ internal/bench/bare/
-	@test -z "$$(git status --porcelain -- internal/syncpb/ internal/statesync/*_bpfel.* internal/bench/bare/*_bpfel.*)" || { git status --porcelain -- internal/syncpb/ internal/statesync/ internal/bench/bare/; echo "generated files above are not committed" >&2; exit 1; }
+	git diff --exit-code -- internal/datapath/ internal/statesync/ internal/syncpb/ internal/bench/bare/ internal/sockbugs/
+	@test -z "$$(git status --porcelain -- internal/syncpb/ internal/statesync/*_bpfel.* internal/bench/bare/*_bpfel.* internal/sockbugs/*_bpfel.*)" || { git status --porcelain -- internal/syncpb/ internal/statesync/ internal/bench/bare/ internal/sockbugs/; echo "generated files above are not committed" >&2; exit 1; }
 
 metrics-doc: ## regenerate docs/metrics.md from the metric definitions
 	$(GO) test -count=1 ./internal/metrics/ -run TestDoc -update

@@ -300,3 +300,94 @@ func readN(fd, n int) (string, error) {
 	}
 	return string(got), nil
 }
+
+// TestLateVerdictFromTimer: the late join of TestLateVerdict made by the
+// kernel alone, at the send that needs it. A bpf_timer's callback runs
+// with the rights of the program that set it: a tc program, run once by
+// BPF_PROG_TEST_RUN, sets it, and the sk_msg program, which may not touch
+// a socket map itself, only starts it as it redirects. The callback finds
+// the server in the plain map by its key and adds it to a map carrying
+// only a stream verdict (lateverdict.c). The evidence: the callback ran
+// once and the map update succeeded; the server is in the verdict's map;
+// and TCP's bytes sent next queue behind the redirected ones and ahead of
+// the ones redirected after, as under the valve.
+func TestLateVerdictFromTimer(t *testing.T) {
+	testutil.RequireRoot(t)
+	err := InPrivateNetns(func() error {
+		var objs lateverdictObjects
+		if err := loadLateverdictObjects(&objs, nil); err != nil {
+			return fmt.Errorf("loading the programs (bpf_timer, 5.15 on): %w", err)
+		}
+		defer objs.Close()
+		p, err := newPair(pairTCP)
+		if err != nil {
+			return err
+		}
+		defer p.close()
+		for _, a := range []link.RawAttachProgramOptions{
+			{Target: objs.LvPlain.FD(), Program: objs.LvMsg, Attach: ebpf.AttachSkMsgVerdict},
+			{Target: objs.LvVerdict.FD(), Program: objs.LvSkb, Attach: ebpf.AttachSkSKBStreamVerdict},
+		} {
+			if err := link.RawAttachProgram(a); err != nil {
+				return fmt.Errorf("attaching %v: %w", a.Attach, err)
+			}
+		}
+		ret, err := objs.LvTimerInit.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+		if err != nil || ret != 0 {
+			return fmt.Errorf("setting the timer's callback: returned %d (100+: bpf_timer_init's error, 200+: bpf_timer_set_callback's), %v", ret, err)
+		}
+		for key, fd := range []int{p.server, p.client} {
+			if err := objs.LvPlain.Update(uint32(key), uint64(fd), ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("adding a socket to the plain map: %w", err)
+			}
+		}
+		send := func(mode lateverdictLvMode, s string) error {
+			if err := objs.LvModes.Update(uint32(0), mode, ebpf.UpdateAny); err != nil {
+				return err
+			}
+			if n, err := unix.Write(p.client, []byte(s)); err != nil || n != len(s) {
+				return fmt.Errorf("sending %q: %d bytes, %v", s, n, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+			return nil
+		}
+		if err := send(lateverdictLvModeLV_JOIN, "red1"); err != nil {
+			return err
+		}
+		var tm lateverdictLvTimer
+		for i := 0; ; i++ {
+			if err := objs.LvTimers.Lookup(uint32(0), &tm); err != nil {
+				return err
+			}
+			if tm.Fired != 0 || i == 100 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		var cookie uint64
+		joined := objs.LvVerdict.Lookup(uint32(0), &cookie) == nil
+		t.Logf("timer started %d, fired %d, the map update returned %d; the server in the verdict's map: %v", tm.Started, tm.Fired, tm.Joined, joined)
+		if tm.Started != 1 || tm.Fired != 1 || tm.Joined != 0 || !joined {
+			return fmt.Errorf("the timer's late join: started %d, fired %d, update %d (%d: no socket), in the verdict's map %v; want 1, 1, 0, true",
+				tm.Started, tm.Fired, tm.Joined, lateverdictLvConstLV_NO_SOCKET, joined)
+		}
+		if err := send(lateverdictLvModeLV_PASS, "tcp1"); err != nil {
+			return err
+		}
+		if err := send(lateverdictLvModeLV_REDIRECT, "red2"); err != nil {
+			return err
+		}
+		const want = "red1tcp1red2"
+		got, err := readN(p.server, len(want))
+		if err != nil {
+			return err
+		}
+		if got != want {
+			return fmt.Errorf("read %q, want %q", got, want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
