@@ -470,11 +470,12 @@ int sl_release(struct bpf_sock *sk)
 	 * that began ends now. */
 	if (st && __sync_val_compare_and_swap(&st->linger, SL_LINGER_NONE, SL_LINGER_RELEASED) == SL_LINGER_ON) {
 		linger_end(st);
-		/* Its reads after CLOSE ran TCP's last segments through sl_skb
-		 * (tcp_bpf_recvmsg_parser hands what is left in the receive
-		 * queue to the verdict), after its close callback removed its
-		 * entry there: remove the one they made, or it stays until
-		 * the slot's reclaim. */
+		/* Its reads after CLOSE can run TCP's segments through sl_skb
+		 * (tcp_bpf_recvmsg_parser hands what waits in the receive
+		 * queue, such as a socket's segments from before accept(), to
+		 * the verdict) after its close callback removed its entry
+		 * there: remove the one they made, which nothing else would
+		 * (TestResetBeforeAccept). */
 		if (valve_on(st)) {
 			__u64 cookie = bpf_get_socket_cookie(sk);
 			bpf_map_delete_elem(&sl_skb_seqs, &cookie);

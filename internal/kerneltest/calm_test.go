@@ -195,8 +195,6 @@ func (n *node) holdOpen(addr string, check func()) {
 	}
 }
 
-// waitClosed waits until closed sockets since before reach want, and
-// returns the counters' change.
 // waitSkbSeqsEmpty waits, two seconds at most, for sl_skb_seqs to follow
 // no socket, and returns how many it follows.
 func (n *node) waitSkbSeqsEmpty() (int, error) {
@@ -209,6 +207,8 @@ func (n *node) waitSkbSeqsEmpty() (int, error) {
 	}
 }
 
+// waitClosed waits until closed sockets since before reach want, and
+// returns the counters' change.
 func (n *node) waitClosed(before map[string]uint64, want uint64) map[string]uint64 {
 	n.t.Helper()
 	var d map[string]uint64
