@@ -120,6 +120,9 @@ type Options struct {
 	// without the valve's verdict (the datapath's --calm-destinations
 	// plain).
 	CalmPlain bool
+	// LateVerdict gives readers the valve's verdict only when they fall
+	// behind (the datapath's --reader-verdict late).
+	LateVerdict bool
 	// BareStreamVerdict gives the bare redirect a pass-through sk_skb
 	// stream verdict, as the valve gives socklane's map: both then read
 	// through the kernel's parser receive path (bare.Options).
@@ -336,6 +339,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.CalmPlain {
 		settings.CalmPlain = datapath.ModeOn
+	}
+	if o.LateVerdict {
+		settings.LateVerdict = datapath.ModeOn
 	}
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, Settings: settings})
 	if err != nil {

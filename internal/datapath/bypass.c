@@ -178,7 +178,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	/* sl_skb follows only sockets TCP delivered bytes to (an empty
 	 * segment makes no entry): a bypassed socket seldom has any, and a
 	 * delete that finds nothing still locks a bucket of a large table. */
-	if (valve_on(st) && skops->bytes_received) {
+	if ((valve_on(st) || st->late) && skops->bytes_received) {
 		__u64 cookie = bpf_get_socket_cookie(skops);
 		bpf_map_delete_elem(&sl_skb_seqs, &cookie);
 	}
@@ -233,7 +233,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 			pass_in = word_state(c->word) == SL_CONN_BYPASS;
 		}
 	}
-	if (valve_on(st))
+	if (valve_on(st) || st->late)
 		valve_window(skops, sk, st, pass_in);
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
@@ -347,7 +347,7 @@ int sl_msg(struct sk_msg_md *msg)
 		 * bypassed (reason 0), and a window never takes the peer's
 		 * queue past the valve's limit. */
 		__u32 room = ~0u, mroom = ~0u;
-		if (valve_on(st))
+		if (valve_into(st, c, dir ^ 1))
 			reason = (room = valve_room(msg, st, c, len, redirected + len, offset, &mroom)) ? SL_C_FALLBACK_PEER_GONE : 0;
 		else if (!peer_backlogged(st, dir ^ 1, redirected + len, offset, &mroom))
 			reason = SL_C_FALLBACK_PEER_GONE;
@@ -365,7 +365,7 @@ int sl_msg(struct sk_msg_md *msg)
 		 * connections: past it the valve opens, or the direction
 		 * moves to TCP, as past the peer's own budget. */
 		if (reason == SL_C_FALLBACK_PEER_GONE && msgs_quota(st, c, len, offset, &win)) {
-			if (valve_on(st)) {
+			if (valve_into(st, c, dir ^ 1)) {
 				st->valve = 1;
 				st->valve_quota = 1;
 				count(SL_C_VALVE_OPENS, 1);
@@ -461,6 +461,46 @@ int sl_skb(struct __sk_buff *skb)
 	return SK_PASS;
 }
 
+/* The callback of sl_late_timers: gives the readers queued for it the
+ * valve's verdict, SL_LATE_BATCH a run (sl_late.h). A subprogram of
+ * sl_late_arm, so it runs with a tc program's rights. */
+static int late_join(void *map, __u32 *key, struct sl_late_timer *t)
+{
+	for (int i = 0; i < SL_LATE_BATCH; i++) {
+		__u64 v;
+		if (bpf_map_pop_elem(&sl_late_queue, &v))
+			return 0;
+		if (late_join_one((__u32)v, v >> 32))
+			count(SL_C_ERR_LATE_VERDICT, 1);
+		else
+			count(SL_C_LATE_VERDICTS, 1);
+	}
+	/* More may wait. */
+	bpf_timer_start(&t->timer, 0, 0);
+	return 0;
+}
+
+/* Run once by the loader (BPF_PROG_TEST_RUN) with --reader-verdict late:
+ * sets late_join as the callback of every timer of sl_late_timers.
+ * Returns how many could not be set up. */
+SEC("tc")
+int sl_late_arm(struct __sk_buff *skb)
+{
+	int failed = 0;
+	for (__u32 i = 0; i < SL_LATE_TIMERS; i++) {
+		__u32 k = i;
+		struct sl_late_timer *t = bpf_map_lookup_elem(&sl_late_timers, &k);
+		if (!t) {
+			failed++;
+			continue;
+		}
+		long err = bpf_timer_init(&t->timer, &sl_late_timers, SL_CLOCK_MONOTONIC);
+		if ((err && err != -SL_EBUSY) || bpf_timer_set_callback(&t->timer, late_join))
+			failed++;
+	}
+	return failed;
+}
+
 /* close() of a managed socket, before the sockmap detaches it. */
 SEC("cgroup/sock_release")
 int sl_release(struct bpf_sock *sk)
@@ -476,7 +516,7 @@ int sl_release(struct bpf_sock *sk)
 		 * the verdict) after its close callback removed its entry
 		 * there: remove the one they made, which nothing else would
 		 * (TestResetBeforeAccept). */
-		if (valve_on(st)) {
+		if (valve_on(st) || st->late) {
 			__u64 cookie = bpf_get_socket_cookie(sk);
 			bpf_map_delete_elem(&sl_skb_seqs, &cookie);
 		}

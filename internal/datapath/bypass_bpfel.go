@@ -61,6 +61,7 @@ type bypassSlConfig struct {
 	BypassSmallStreams bypassSlMode
 	BacklogValve       bypassSlMode
 	CalmPlain          bypassSlMode
+	LateVerdict        bypassSlMode
 	OwnerConns         uint32
 	OwnerListeners     uint32
 	OwnerLbConns       uint32
@@ -69,6 +70,7 @@ type bypassSlConfig struct {
 	OwnerEvictTimers   uint32
 	OwnerMsgs          uint32
 	LbHostOnly         bypassSlMode
+	_                  [4]byte
 	HostNetns          uint64
 	ListenerKptr       uint32
 	_                  [4]byte
@@ -91,8 +93,11 @@ type bypassSlConn struct {
 	Reason      [2]uint8
 	Signals     [2]uint8
 	ValveMap    uint8
+	LateAsked   [2]uint8
+	LateJoined  [2]uint8
 	Pad         uint8
 	MsgsCharged [2]uint32
+	_           [4]byte
 }
 
 type bypassSlConnRef struct {
@@ -164,12 +169,14 @@ const (
 	bypassSlCounterSL_C_VALVE_CWND_CLAMPS       bypassSlCounter = 48
 	bypassSlCounterSL_C_CONNS_PLAIN             bypassSlCounter = 49
 	bypassSlCounterSL_C_LINGERS                 bypassSlCounter = 50
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 51
+	bypassSlCounterSL_C_LATE_VERDICTS           bypassSlCounter = 51
+	bypassSlCounterSL_C_ERR_LATE_VERDICT        bypassSlCounter = 52
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 53
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [51]uint64
+	C [53]uint64
 }
 
 type bypassSlDefaults uint32
@@ -263,7 +270,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 49
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 50
 )
 
 type bypassSlListener struct {
@@ -423,7 +430,7 @@ type bypassSlSock struct {
 	CwndClamped uint8
 	FastSmall   uint8
 	ValveMap    uint8
-	Pad         uint8
+	Late        uint8
 	Linger      uint32
 }
 
@@ -479,6 +486,8 @@ const (
 	bypassMapSlEvents        = "sl_events"
 	bypassMapSlEvictTimers   = "sl_evict_timers"
 	bypassMapSlKernel        = "sl_kernel"
+	bypassMapSlLateQueue     = "sl_late_queue"
+	bypassMapSlLateTimers    = "sl_late_timers"
 	bypassMapSlLayout        = "sl_layout"
 	bypassMapSlListeners     = "sl_listeners"
 	bypassMapSlOwners        = "sl_owners"
@@ -486,9 +495,11 @@ const (
 	bypassMapSlSkState       = "sl_sk_state"
 	bypassMapSlSkbSeqs       = "sl_skb_seqs"
 	bypassMapSlSockmap       = "sl_sockmap"
+	bypassMapSlSockmapLate   = "sl_sockmap_late"
 	bypassMapSlSockmapPlain  = "sl_sockmap_plain"
 	bypassMapSlStats         = "sl_stats"
 	bypassMapSlSynRings      = "sl_syn_rings"
+	bypassProgSlLateArm      = "sl_late_arm"
 	bypassProgSlMsg          = "sl_msg"
 	bypassProgSlReclaim      = "sl_reclaim"
 	bypassProgSlRelease      = "sl_release"
@@ -541,6 +552,7 @@ type bypassSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
+	SlLateArm      *ebpf.ProgramSpec `ebpf:"sl_late_arm"`
 	SlMsg          *ebpf.ProgramSpec `ebpf:"sl_msg"`
 	SlReclaim      *ebpf.ProgramSpec `ebpf:"sl_reclaim"`
 	SlRelease      *ebpf.ProgramSpec `ebpf:"sl_release"`
@@ -568,6 +580,8 @@ type bypassMapSpecs struct {
 	SlEvents       *ebpf.MapSpec `ebpf:"sl_events"`
 	SlEvictTimers  *ebpf.MapSpec `ebpf:"sl_evict_timers"`
 	SlKernel       *ebpf.MapSpec `ebpf:"sl_kernel"`
+	SlLateQueue    *ebpf.MapSpec `ebpf:"sl_late_queue"`
+	SlLateTimers   *ebpf.MapSpec `ebpf:"sl_late_timers"`
 	SlLayout       *ebpf.MapSpec `ebpf:"sl_layout"`
 	SlListeners    *ebpf.MapSpec `ebpf:"sl_listeners"`
 	SlOwners       *ebpf.MapSpec `ebpf:"sl_owners"`
@@ -575,6 +589,7 @@ type bypassMapSpecs struct {
 	SlSkState      *ebpf.MapSpec `ebpf:"sl_sk_state"`
 	SlSkbSeqs      *ebpf.MapSpec `ebpf:"sl_skb_seqs"`
 	SlSockmap      *ebpf.MapSpec `ebpf:"sl_sockmap"`
+	SlSockmapLate  *ebpf.MapSpec `ebpf:"sl_sockmap_late"`
 	SlSockmapPlain *ebpf.MapSpec `ebpf:"sl_sockmap_plain"`
 	SlStats        *ebpf.MapSpec `ebpf:"sl_stats"`
 	SlSynRings     *ebpf.MapSpec `ebpf:"sl_syn_rings"`
@@ -623,6 +638,8 @@ type bypassMaps struct {
 	SlEvents       *ebpf.Map `ebpf:"sl_events"`
 	SlEvictTimers  *ebpf.Map `ebpf:"sl_evict_timers"`
 	SlKernel       *ebpf.Map `ebpf:"sl_kernel"`
+	SlLateQueue    *ebpf.Map `ebpf:"sl_late_queue"`
+	SlLateTimers   *ebpf.Map `ebpf:"sl_late_timers"`
 	SlLayout       *ebpf.Map `ebpf:"sl_layout"`
 	SlListeners    *ebpf.Map `ebpf:"sl_listeners"`
 	SlOwners       *ebpf.Map `ebpf:"sl_owners"`
@@ -630,6 +647,7 @@ type bypassMaps struct {
 	SlSkState      *ebpf.Map `ebpf:"sl_sk_state"`
 	SlSkbSeqs      *ebpf.Map `ebpf:"sl_skb_seqs"`
 	SlSockmap      *ebpf.Map `ebpf:"sl_sockmap"`
+	SlSockmapLate  *ebpf.Map `ebpf:"sl_sockmap_late"`
 	SlSockmapPlain *ebpf.Map `ebpf:"sl_sockmap_plain"`
 	SlStats        *ebpf.Map `ebpf:"sl_stats"`
 	SlSynRings     *ebpf.Map `ebpf:"sl_syn_rings"`
@@ -652,6 +670,8 @@ func (m *bypassMaps) Close() error {
 		m.SlEvents,
 		m.SlEvictTimers,
 		m.SlKernel,
+		m.SlLateQueue,
+		m.SlLateTimers,
 		m.SlLayout,
 		m.SlListeners,
 		m.SlOwners,
@@ -659,6 +679,7 @@ func (m *bypassMaps) Close() error {
 		m.SlSkState,
 		m.SlSkbSeqs,
 		m.SlSockmap,
+		m.SlSockmapLate,
 		m.SlSockmapPlain,
 		m.SlStats,
 		m.SlSynRings,
@@ -677,6 +698,7 @@ type bypassVariables struct {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
+	SlLateArm      *ebpf.Program `ebpf:"sl_late_arm"`
 	SlMsg          *ebpf.Program `ebpf:"sl_msg"`
 	SlReclaim      *ebpf.Program `ebpf:"sl_reclaim"`
 	SlRelease      *ebpf.Program `ebpf:"sl_release"`
@@ -687,6 +709,7 @@ type bypassPrograms struct {
 
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
+		p.SlLateArm,
 		p.SlMsg,
 		p.SlReclaim,
 		p.SlRelease,

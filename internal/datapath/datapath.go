@@ -225,14 +225,25 @@ func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 		}
 	}
 	// The valve's verdict: TCP's bytes join the redirected ones. The map
-	// holds the attachment, as it holds sl_msg's.
+	// holds the attachment, as it holds sl_msg's. sl_sockmap_late holds
+	// readers given it late (--reader-verdict late).
 	if loaded.BacklogValve.On() {
-		if err := link.RawAttachProgram(link.RawAttachProgramOptions{
-			Target:  d.objs.SlSockmap.FD(),
-			Program: d.objs.SlSkb,
-			Attach:  ebpf.AttachSkSKBStreamVerdict,
-		}); err != nil {
-			return nil, fmt.Errorf("attaching the valve's sk_skb verdict to sl_sockmap (--slow-readers tcp does without it): %w", err)
+		for _, m := range []struct {
+			name string
+			m    *ebpf.Map
+		}{{bypassMapSlSockmap, d.objs.SlSockmap}, {bypassMapSlSockmapLate, d.objs.SlSockmapLate}} {
+			if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+				Target:  m.m.FD(),
+				Program: d.objs.SlSkb,
+				Attach:  ebpf.AttachSkSKBStreamVerdict,
+			}); err != nil {
+				return nil, fmt.Errorf("attaching the valve's sk_skb verdict to %s (--slow-readers tcp does without it): %w", m.name, err)
+			}
+		}
+	}
+	if loaded.BacklogValve.On() && loaded.LateVerdict.On() {
+		if err := d.armLate(); err != nil {
+			return nil, err
 		}
 	}
 	if err := d.objs.SlSockops.Pin(filepath.Join(cfg.PinDir, progPinSockops)); err != nil {
@@ -377,4 +388,18 @@ func (d *Datapath) Programs() []*ebpf.Program {
 		}
 	}
 	return out
+}
+
+// armLate sets the callback of the timers that give readers the valve's
+// verdict late (sl_late_arm, a tc program: the callback runs with its
+// rights, which include adding a socket to a socket map).
+func (d *Datapath) armLate() error {
+	ret, err := d.objs.SlLateArm.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+	if err != nil {
+		return fmt.Errorf("arming the late verdict's timers (--reader-verdict late; --reader-verdict join does without them): %w", err)
+	}
+	if ret != 0 {
+		return fmt.Errorf("arming the late verdict's timers: %d of them could not be set up (--reader-verdict join does without them)", ret)
+	}
+	return nil
 }

@@ -244,7 +244,7 @@ func typeName(s string) string {
 var (
 	progTypeSince = map[ebpf.ProgramType]string{
 		ebpf.CGroupSock: "4.10", ebpf.SockOps: "4.13", ebpf.SkMsg: "4.17", ebpf.SkSKB: "4.14",
-		ebpf.CGroupSockAddr: "4.17", ebpf.Syscall: "5.14", ebpf.CGroupSKB: "4.10",
+		ebpf.CGroupSockAddr: "4.17", ebpf.Syscall: "5.14", ebpf.CGroupSKB: "4.10", ebpf.SchedCLS: "4.1",
 	}
 	attachSince = map[ebpf.AttachType]string{
 		ebpf.AttachCGroupInet4Connect: "4.17", ebpf.AttachCGroupInet6Connect: "4.17",
@@ -271,6 +271,7 @@ var (
 		asm.FnGetCurrentTask: "4.8", asm.FnSkbCgroupId: "4.18",
 		asm.FnTimerInit: "5.15", asm.FnTimerSetCallback: "5.15", asm.FnTimerStart: "5.15",
 		asm.FnSetsockopt: "4.13", asm.FnGetsockopt: "4.15", asm.FnSkbAdjustRoom: "4.13", asm.FnLoop: "5.17",
+		asm.FnSkRelease: "4.20", asm.FnGetSmpProcessorId: "4.1",
 	}
 	// Helpers that came to a program type later than to tracing: the
 	// base helpers of CAP_PERFMON (the current task, reading kernel

@@ -71,6 +71,13 @@ struct sl_config {
 	 * direction moved to TCP and whose peer then reset it can show
 	 * FIONREAD 0 for TCP's bytes (docs/ARCHITECTURE.md). */
 	enum sl_mode calm_plain;
+	/* SL_MODE_ON (with the valve): every connection joins
+	 * sl_sockmap_plain (reads on the kernel's plain receive path), and a
+	 * reader gets the valve's verdict (sl_sockmap_late) from the kernel
+	 * when its writer first finds SL_LATE_ASK_BYTES queued for it
+	 * (late_ask, late_join); until then, and where it cannot be given,
+	 * its direction runs under the backlog rule. Supersedes calm_plain. */
+	enum sl_mode late_verdict;
 	/* What one owner (the cgroup of a socket, or of the process making
 	 * it: a pod's container) may hold of the node-wide tables (defaults
 	 * and bounds: enum sl_quota). Beyond it, its new connections stay on

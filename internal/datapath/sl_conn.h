@@ -281,9 +281,25 @@ static __always_inline void clear_member_sock(__u32 slot, __u32 role)
  * map's paths. */
 static __always_inline int valve_on(const struct sl_sock *st)
 {
-	if (sl_settings.backlog_valve != SL_MODE_ON)
+	if (sl_settings.backlog_valve != SL_MODE_ON || sl_settings.late_verdict == SL_MODE_ON)
 		return 0;
 	return sl_settings.calm_plain != SL_MODE_ON || st->valve_map;
+}
+
+/* --reader-verdict late: every connection is in sl_sockmap_plain, and a
+ * reader that fell behind joins sl_sockmap_late, the valve's verdict. */
+static __always_inline int late_on(void)
+{
+	return sl_settings.backlog_valve == SL_MODE_ON && sl_settings.late_verdict == SL_MODE_ON;
+}
+
+/* Whether the valve may pass into c's member role: its map carries the
+ * valve's verdict, or it was given it late. */
+static __always_inline int valve_into(const struct sl_sock *st, const struct sl_conn *c, __u32 role)
+{
+	if (valve_on(st))
+		return 1;
+	return late_on() && c->late_joined[role & 1];
 }
 
 /* Redirects msg to the peer under socket id peer, in the map st's
@@ -301,6 +317,10 @@ static __always_inline long sock_leave(const struct sl_sock *st, __u32 id)
 {
 	if (valve_on(st))
 		return bpf_map_delete_elem(&sl_sockmap, &id);
+	/* A reader given the verdict late leaves both (a miss costs a
+	 * lookup in an array). */
+	if (late_on())
+		bpf_map_delete_elem(&sl_sockmap_late, &id);
 	return bpf_map_delete_elem(&sl_sockmap_plain, &id);
 }
 

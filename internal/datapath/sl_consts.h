@@ -5,6 +5,13 @@
 
 #define SL_MAX_CONNS 65536 /* connection slots (each holds two sockets) */
 #define SL_MAX_SOCKS (2 * SL_MAX_CONNS)
+/* --reader-verdict late: the timers that give readers the valve's
+ * verdict (one per CPU, up to this many), the readers one callback run
+ * takes off the queue, and the bytes a reader's queue holds when its
+ * writer asks for it (a request/response reader never holds that many). */
+#define SL_LATE_TIMERS 64
+#define SL_LATE_BATCH 64
+#define SL_LATE_ASK_BYTES (64 << 10)
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -89,6 +96,11 @@ enum sl_counter {
 				       * reset or FIN) with redirected bytes unread: they kept their slot
 				       * until their close(), or until their timer took them out once those
 				       * were read (linger_start) */
+	SL_C_LATE_VERDICTS,           /* readers given the valve's verdict when their writer first
+				       * found them behind (--reader-verdict late: late_join) */
+	SL_C_ERR_LATE_VERDICT,        /* such readers that could not be given it (the queue of them
+				       * full, or the socket gone or not in the plain map): their
+				       * writer's direction moves to TCP under the backlog rule */
 	SL_C_MAX,
 };
 
@@ -108,7 +120,7 @@ enum sl_linger {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 49,
+	SL_LAYOUT_VERSION = 50,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created

@@ -169,6 +169,8 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	c->path[0] = c->path[1] = SL_PATH_UNDECIDED;
 	c->reason[0] = c->reason[1] = 0;
 	c->msgs_charged[0] = c->msgs_charged[1] = 0;
+	c->late_asked[0] = c->late_asked[1] = 0;
+	c->late_joined[0] = c->late_joined[1] = 0;
 	c->signals[SL_ROLE_CLIENT] = st->signals;
 	c->signals[SL_ROLE_SERVER] = SL_SIG_UNKNOWN;
 	c->cookie[SL_ROLE_CLIENT] = bpf_get_socket_cookie(skops);
@@ -207,7 +209,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	 * namespace's connections to its destination were learned calm; the
 	 * server follows. */
 	int plain = sl_settings.backlog_valve == SL_MODE_ON && sl_settings.calm_plain == SL_MODE_ON && calm_dest(&t, netns);
-	st->valve_map = sl_settings.backlog_valve == SL_MODE_ON && !plain;
+	st->valve_map = sl_settings.backlog_valve == SL_MODE_ON && !plain && !late_on();
 	c->valve_map = st->valve_map;
 
 	/* The client must be in the map before it is findable: the server
@@ -223,7 +225,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	st->in_map = 1;
 	if (plain)
 		count(SL_C_CONNS_PLAIN, 1);
-	if (valve_on(st) && server_local(&t))
+	if ((valve_on(st) || late_on()) && server_local(&t))
 		unpace(skops);
 	struct sl_conn_ref ref = {.slot = slot, .gen = gen};
 	if (bpf_map_update_elem(&sl_conn_index, &t, &ref, BPF_ANY)) {
@@ -331,7 +333,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	c->path[SL_ROLE_SERVER] = SL_PATH_BYPASS;
 	count(SL_C_CONNS_BYPASSED, 1);
 	conn_event(c, SL_EV_BYPASS, 0, 0, SL_ROLE_SERVER);
-	if (valve_on(st))
+	if (valve_on(st) || late_on())
 		unpace(skops);
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
 }

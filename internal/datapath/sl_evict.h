@@ -124,6 +124,8 @@ static int evict_check(void *map, __u32 *key, struct sl_evict_timer *v)
 	 * lookup, and sock_ops has no bpf_sk_release to drop it.) */
 	if (word_gen(c->word) != v->gen || member_sock(slot, role) != self)
 		goto done;
+	if (late_on())
+		bpf_map_delete_elem(&sl_sockmap_late, &id);
 	if (!bpf_map_delete_elem(&sl_sockmap_plain, &id))
 		count(SL_C_EVICTIONS, 1);
 done:;

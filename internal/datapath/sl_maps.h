@@ -37,6 +37,33 @@ struct {
 	__type(value, __u64);
 } sl_sockmap_plain SEC(".maps");
 
+/* --reader-verdict late: readers of sl_sockmap_plain given the valve's
+ * verdict later (late_join), under the same key; carries sl_skb only (a
+ * map's programs must not repeat one the socket has: sl_msg). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKMAP);
+	__uint(max_entries, SL_MAX_SOCKS);
+	__type(key, __u32);
+	__type(value, __u64);
+} sl_sockmap_late SEC(".maps");
+
+/* Readers waiting for the valve's verdict: socket id | slot generation
+ * << 32, queued once per reader (sl_conn.late_asked), so never more than
+ * one per socket. */
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, SL_MAX_SOCKS);
+	__type(value, __u64);
+} sl_late_queue SEC(".maps");
+
+/* The timers that run late_join, armed once at load (sl_late_arm). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SL_LATE_TIMERS);
+	__type(key, __u32);
+	__type(value, struct sl_late_timer);
+} sl_late_timers SEC(".maps");
+
 /* One entry: SL_LAYOUT_VERSION of the socklane that created the datapath.
  * Written by the loader, read by adopters, never by the programs. */
 struct {

@@ -91,6 +91,9 @@ struct sl_conn {
 	__u8 signals[2];          /* enum sl_signals per member role (per-process mode) */
 	__u8 valve_map;           /* the members joined sl_sockmap, with the valve's verdict
 				   * (else sl_sockmap_plain): chosen by the client (on_active) */
+	__u8 late_asked[2];       /* per member role: its writer queued it for the valve's
+				   * verdict (--reader-verdict late; late_ask) */
+	__u8 late_joined[2];      /* per member role: it joined sl_sockmap_late (late_join) */
 	__u8 pad;
 	__u32 msgs_charged[2];    /* messages charged to owner, per direction (msgs_quota) */
 };
@@ -230,11 +233,19 @@ struct sl_sock {
 			    * redirected without a window, else 0 */
 	__u8 valve_map;    /* in sl_sockmap, with the valve's verdict (else in
 			    * sl_sockmap_plain): its connection's valve_map */
-	__u8 pad;
+	__u8 late;         /* in sl_sockmap_late too: given the valve's verdict
+			    * when its writer first found it behind (late_join) */
 	__u32 linger;      /* enum sl_linger: closed in the map (CLOSE before
 			    * its close()) with bytes unread, a member of its
 			    * slot until its close() or its timer takes it out
 			    * (linger_start); or released (its close() ran) */
+};
+
+/* sl_late_timers' value: a timer whose callback (late_join) belongs to
+ * sl_late_arm, a tc program: it may add a socket to a socket map, which
+ * sl_msg may not. */
+struct sl_late_timer {
+	struct bpf_timer timer;
 };
 
 /* sl_skb_seqs' value: the sequence number after the last TCP segment

@@ -7,6 +7,7 @@
 #include "sl_conn.h"
 #include "sl_listener.h"
 #include "sl_capture.h"
+#include "sl_late.h"
 
 /* Both directions move to TCP and both sockets leave the map. Called at a
  * socket's first send, so nothing was redirected to its peer yet, which
@@ -278,6 +279,8 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 	if (!peer)
 		return 0;
 	__u64 queued = queued_bytes(peer);
+	if (late_on() && queued >= SL_LATE_ASK_BYTES)
+		late_ask(st, peer_role);
 	__u64 limit = sl_settings.backlog_limit;
 	int rcvbuf = peer->sk_rcvbuf;
 	if (rcvbuf > 0 && (__u64)rcvbuf > limit)
