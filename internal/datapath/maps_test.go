@@ -29,13 +29,18 @@ func TestPerSocketMapsHoldEverySocket(t *testing.T) {
 	// The two socket maps share one key space: a connection's members
 	// join one of them. Each is an array indexed by socket id: it must
 	// have an entry for every id, and no more than the per-socket maps.
-	for name, m := range map[string]*ebpf.MapSpec{"sl_sockmap": maps.SlSockmap, "sl_sockmap_plain": maps.SlSockmapPlain} {
+	for name, m := range map[string]*ebpf.MapSpec{"sl_sockmap": maps.SlSockmap, "sl_sockmap_plain": maps.SlSockmapPlain, "sl_sockmap_late": maps.SlSockmapLate} {
 		if m.Type != ebpf.SockMap {
 			t.Errorf("%s is a %s, want a SockMap indexed by socket id (the redirect's lookup without a hash)", name, m.Type)
 		}
 		if got := m.MaxEntries; got != keys {
 			t.Errorf("%s holds %d sockets, want one per socket id: %d", name, got, keys)
 		}
+	}
+	// A reader is queued for the late verdict once (--reader-verdict
+	// late): the queue holds one per socket id, so no pod fills it.
+	if got := maps.SlLateQueue.MaxEntries; got < keys {
+		t.Errorf("sl_late_queue holds %d readers, sockets have %d keys: a pod can fill it", got, keys)
 	}
 	for name, m := range map[string]*ebpf.MapSpec{"sl_evict_timers": maps.SlEvictTimers, "sl_skb_seqs": maps.SlSkbSeqs} {
 		if got := m.MaxEntries; got < keys {
