@@ -212,33 +212,21 @@ func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 	// sl_msg runs on both socket maps: the valve's and the plain one
 	// (connections to destinations learned calm under --calm-destinations
 	// plain, or all of them under --slow-readers tcp).
-	for _, m := range []struct {
-		name string
-		m    *ebpf.Map
-	}{{bypassMapSlSockmap, d.objs.SlSockmap}, {bypassMapSlSockmapPlain, d.objs.SlSockmapPlain}} {
-		if err := link.RawAttachProgram(link.RawAttachProgramOptions{
-			Target:  m.m.FD(),
-			Program: d.objs.SlMsg,
-			Attach:  ebpf.AttachSkMsgVerdict,
-		}); err != nil {
-			return nil, fmt.Errorf("attaching sk_msg to %s: %w", m.name, err)
-		}
+	attaches := []sockmapAttach{
+		{bypassMapSlSockmap, d.objs.SlSockmap, d.objs.SlMsg, ebpf.AttachSkMsgVerdict},
+		{bypassMapSlSockmapPlain, d.objs.SlSockmapPlain, d.objs.SlMsg, ebpf.AttachSkMsgVerdict},
 	}
 	// The valve's verdict: TCP's bytes join the redirected ones. The map
 	// holds the attachment, as it holds sl_msg's. sl_sockmap_late holds
 	// readers given it late (--reader-verdict late).
 	if loaded.BacklogValve.On() {
-		for _, m := range []struct {
-			name string
-			m    *ebpf.Map
-		}{{bypassMapSlSockmap, d.objs.SlSockmap}, {bypassMapSlSockmapLate, d.objs.SlSockmapLate}} {
-			if err := link.RawAttachProgram(link.RawAttachProgramOptions{
-				Target:  m.m.FD(),
-				Program: d.objs.SlSkb,
-				Attach:  ebpf.AttachSkSKBStreamVerdict,
-			}); err != nil {
-				return nil, fmt.Errorf("attaching the valve's sk_skb verdict to %s (--slow-readers tcp does without it): %w", m.name, err)
-			}
+		attaches = append(attaches,
+			sockmapAttach{bypassMapSlSockmap, d.objs.SlSockmap, d.objs.SlSkb, ebpf.AttachSkSKBStreamVerdict},
+			sockmapAttach{bypassMapSlSockmapLate, d.objs.SlSockmapLate, d.objs.SlSkb, ebpf.AttachSkSKBStreamVerdict})
+	}
+	for _, a := range attaches {
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: a.m.FD(), Program: a.prog, Attach: a.attach}); err != nil {
+			return nil, fmt.Errorf("attaching %v to %s: %w", a.attach, a.name, err)
 		}
 	}
 	if loaded.BacklogValve.On() && loaded.LateVerdict.On() {
@@ -402,4 +390,13 @@ func (d *Datapath) armLate() error {
 		return fmt.Errorf("arming the late verdict's timers: %d of them could not be set up (--reader-verdict join does without them)", ret)
 	}
 	return nil
+}
+
+// sockmapAttach is a program a socket map carries: each socket that joins
+// the map takes it.
+type sockmapAttach struct {
+	name   string
+	m      *ebpf.Map
+	prog   *ebpf.Program
+	attach ebpf.AttachType
 }

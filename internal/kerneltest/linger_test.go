@@ -290,13 +290,7 @@ const lateWriterBytes = 8 << 20
 func TestResetBeforeAccept(t *testing.T) {
 	const conns = 8
 	n := newNode(t, func(s *datapath.Settings) { s.BacklogLimit = 64 << 10 })
-	st, err := n.dp.Settings()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.BacklogValve.On() {
-		t.Skipf("the valve does not run on %s (the kernel does not charge redirected bytes to their reader): no sk_skb verdict, no sl_skb_seqs to fill", kernel())
-	}
+	n.requireValve("no sk_skb verdict, no sl_skb_seqs to fill")
 	const addr = "127.0.0.1:7721"
 	before := n.counters()
 	acceptor := n.listenPiped("late-acceptor", addr, strconv.Itoa(conns))
