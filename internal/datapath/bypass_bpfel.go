@@ -267,6 +267,14 @@ const (
 	bypassSlKernelBugSL_BUG_REDIRECT_UNCHARGED   bypassSlKernelBug = 64
 )
 
+type bypassSlLate uint32
+
+const (
+	bypassSlLateSL_LATE_TIMERS    bypassSlLate = 64
+	bypassSlLateSL_LATE_BATCH     bypassSlLate = 64
+	bypassSlLateSL_LATE_ASK_BYTES bypassSlLate = 65536
+)
+
 type bypassSlLayoutVersion uint32
 
 const (

@@ -382,12 +382,17 @@ func (d *Datapath) Programs() []*ebpf.Program {
 // verdict late (sl_late_arm, a tc program: the callback runs with its
 // rights, which include adding a socket to a socket map).
 func (d *Datapath) armLate() error {
-	ret, err := d.objs.SlLateArm.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
-	if err != nil {
-		return fmt.Errorf("arming the late verdict's timers (--reader-verdict late; --reader-verdict join does without them): %w", err)
-	}
-	if ret != 0 {
-		return fmt.Errorf("arming the late verdict's timers: %d of them could not be set up (--reader-verdict join does without them)", ret)
+	for i := range uint32(bypassSlLateSL_LATE_TIMERS) {
+		// struct __sk_buff up to its mark (len and pkt_type stay 0):
+		// the timer's index.
+		ctx := [3]uint32{0, 0, i}
+		ret, err := d.objs.SlLateArm.Run(&ebpf.RunOptions{Data: make([]byte, 64), Context: ctx})
+		if err != nil {
+			return fmt.Errorf("arming the late verdict's timer %d (--reader-verdict late; --reader-verdict join does without them): %w", i, err)
+		}
+		if ret != 0 {
+			return fmt.Errorf("arming the late verdict's timer %d: sl_late_arm returned %d (1: no timer, 2: bpf_timer_init failed, 3: bpf_timer_set_callback failed; --reader-verdict join does without them)", i, ret)
+		}
 	}
 	return nil
 }

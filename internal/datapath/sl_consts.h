@@ -9,9 +9,11 @@
  * verdict (one per CPU, up to this many), the readers one callback run
  * takes off the queue, and the bytes a reader's queue holds when its
  * writer asks for it (a request/response reader never holds that many). */
-#define SL_LATE_TIMERS 64
-#define SL_LATE_BATCH 64
-#define SL_LATE_ASK_BYTES (64 << 10)
+enum sl_late {
+	SL_LATE_TIMERS = 64,
+	SL_LATE_BATCH = 64,
+	SL_LATE_ASK_BYTES = 64 << 10,
+};
 
 #define AF_INET 2
 #define AF_INET6 10
