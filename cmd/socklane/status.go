@@ -144,7 +144,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(w, "decided\t%s\n", d)
 				}
 			}
-			fmt.Fprintf(w, "bypassed sockets\t%d\twith the valve's verdict %d\tplain %d\n", rep.Sockets, rep.SocketMaps.Valve, rep.SocketMaps.Plain)
+			fmt.Fprintf(w, "bypassed sockets\t%d\twith the valve's verdict %d\tplain %d\tgiven the verdict late %d\n", rep.Sockets, rep.SocketMaps.Valve, rep.SocketMaps.Plain, rep.SocketMaps.Late)
 			for _, a := range rep.Attachments {
 				fmt.Fprintf(w, "attached\t%s\tcgroup id %d\tlink %d\n", a.Path, a.CgroupID, a.LinkID)
 			}

@@ -120,9 +120,11 @@ type Options struct {
 	// without the valve's verdict (the datapath's --calm-destinations
 	// plain).
 	CalmPlain bool
-	// LateVerdict gives readers the valve's verdict only when they fall
-	// behind (the datapath's --reader-verdict late).
-	LateVerdict bool
+	// JoinVerdict gives every connection the valve's verdict as it joins
+	// (the datapath's --reader-verdict join) instead of giving it to
+	// readers when they fall behind (late, the default where the valve
+	// runs).
+	JoinVerdict bool
 	// BareStreamVerdict gives the bare redirect a pass-through sk_skb
 	// stream verdict, as the valve gives socklane's map: both then read
 	// through the kernel's parser receive path (bare.Options).
@@ -340,8 +342,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.CalmPlain {
 		settings.CalmPlain = datapath.ModeOn
 	}
-	if o.LateVerdict {
-		settings.LateVerdict = datapath.ModeOn
+	if o.JoinVerdict {
+		settings.LateVerdict = datapath.ModeOff
 	}
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, Settings: settings})
 	if err != nil {

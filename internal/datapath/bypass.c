@@ -471,9 +471,10 @@ static int late_join(void *map, __u32 *key, struct sl_late_timer *t)
 		__u64 v;
 		if (bpf_map_pop_elem(&sl_late_queue, &v))
 			return 0;
-		if (late_join_one((__u32)v, v >> 32))
+		int err = late_join_one((__u32)v, v >> 32);
+		if (err < 0)
 			count(SL_C_ERR_LATE_VERDICT, 1);
-		else
+		else if (!err)
 			count(SL_C_LATE_VERDICTS, 1);
 	}
 	/* More may wait. */

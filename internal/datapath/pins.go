@@ -107,9 +107,13 @@ type SocketCounts struct {
 	// Valve: in sl_sockmap, whose sk_skb verdict the valve needs (their
 	// reads take the kernel's parser receive path).
 	Valve int `json:"valve"`
-	// Plain: in sl_sockmap_plain (a destination learned calm, or the
-	// datapath runs without the valve).
+	// Plain: in sl_sockmap_plain (every connection under --reader-verdict
+	// late, a destination learned calm, or the datapath runs without the
+	// valve).
 	Plain int `json:"plain"`
+	// Late: those of Plain given the valve's verdict late, in
+	// sl_sockmap_late as well (--reader-verdict late).
+	Late int `json:"late"`
 }
 
 // Total is the number of bypassed sockets.
@@ -122,7 +126,8 @@ func (p Pins) Sockets() (int, error) {
 	return s.Total(), err
 }
 
-// SocketsByMap counts the sockets currently in each socket map.
+// SocketsByMap counts the sockets currently in each socket map (those
+// given the verdict late are in two).
 func (p Pins) SocketsByMap() (SocketCounts, error) {
 	var s SocketCounts
 	ids, err := p.socketIDsUsed()
@@ -132,7 +137,10 @@ func (p Pins) SocketsByMap() (SocketCounts, error) {
 	if s.Valve, err = countPinnedSockets(filepath.Join(string(p), bypassMapSlSockmap), ids); err != nil {
 		return s, err
 	}
-	s.Plain, err = countPinnedSockets(filepath.Join(string(p), bypassMapSlSockmapPlain), ids)
+	if s.Plain, err = countPinnedSockets(filepath.Join(string(p), bypassMapSlSockmapPlain), ids); err != nil {
+		return s, err
+	}
+	s.Late, err = countPinnedSockets(filepath.Join(string(p), bypassMapSlSockmapLate), ids)
 	return s, err
 }
 

@@ -127,6 +127,23 @@ func TestResolve(t *testing.T) {
 			t.Errorf("slow readers %v on %+v resolved to %v, want %v", tt.s.BacklogValve, tt.f, got, tt.want)
 		}
 	}
+	// The reader's verdict left to the datapath: given late wherever the
+	// valve runs; asked for, as asked.
+	for _, tt := range []struct {
+		s    Settings
+		f    Features
+		want Mode
+	}{
+		{DefaultSettings(), fit, ModeOn},
+		{DefaultSettings(), uncharged, ModeOff},
+		{Settings{LateVerdict: ModeAuto, BacklogValve: ModeOff}, fit, ModeOff},
+		{Settings{LateVerdict: ModeOff}, fit, ModeOff},
+		{Settings{LateVerdict: ModeOn, BacklogValve: ModeOff}, fit, ModeOn},
+	} {
+		if got := tt.s.Resolve(tt.f).LateVerdict; got != tt.want {
+			t.Errorf("reader verdict %v (slow readers %v) on %+v resolved to %v, want %v", tt.s.LateVerdict, tt.s.BacklogValve, tt.f, got, tt.want)
+		}
+	}
 	if q := (Settings{OwnerListeners: 7}).Resolve(fit).Quotas(); q != (Quotas{Conns: uint64(DefaultOwnerConns), Listeners: 7, LBConns: uint64(DefaultOwnerLBConns), Affinity: uint64(DefaultOwnerAffinity), UDPTables: uint64(DefaultOwnerUDPTables), EvictTimers: uint64(DefaultOwnerEvictTimers), Msgs: uint64(DefaultOwnerMsgs)}) {
 		t.Errorf("quotas of a request with one given: %+v", q)
 	}

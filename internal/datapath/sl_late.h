@@ -45,7 +45,11 @@ static __always_inline void late_ask(struct sl_sock *st, __u32 peer_role)
 
 /* Gives the reader under id (of slot generation gen) the valve's verdict:
  * it joins sl_sockmap_late under the same key, if it is still that slot's
- * member in sl_sockmap_plain. Returns 0 if it joined. */
+ * member in sl_sockmap_plain. Returns 0 if it joined, 1 if its direction
+ * moved to TCP meanwhile (the backlog rule: nothing for the valve to do),
+ * -1 if it could not be given. The verdict then would see TCP's bytes
+ * from the middle: a segment the reader began reading on the plain path
+ * would reach it whole, its read head a second time. */
 static __always_inline int late_join_one(__u32 id, __u32 gen)
 {
 	if (id >= SL_MAX_SOCKS)
@@ -54,6 +58,8 @@ static __always_inline int late_join_one(__u32 id, __u32 gen)
 	struct sl_conn *c = conn_of(slot);
 	if (!c || word_gen(c->word) != gen)
 		return -1;
+	if (c->path[role ^ 1] == SL_PATH_TCP)
+		return 1;
 	struct bpf_sock *sk = bpf_map_lookup_elem(&sl_sockmap_plain, &id);
 	if (!sk)
 		return -1;

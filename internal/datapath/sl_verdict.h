@@ -261,6 +261,8 @@ static __always_inline __u32 window_avail(__u32 mroom, __u32 budget)
  * used up where that was more (at most SL_ROOM_CHECK_BYTES: the queue
  * can only have shrunk since), or when the messages counted reach the
  * budget. *mroom: the messages the peer may still take after this send. */
+static __noinline int backlog_read(struct sl_sock *st, __u32 peer_role, __u64 offset, __u32 *mroom);
+
 static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, __u32 sent, __u64 offset, __u32 *mroom)
 {
 	if (!sl_settings.backlog_limit || !psock_counts_bytes())
@@ -274,6 +276,18 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 		*mroom = budget - 1 - held;
 		return 0;
 	}
+	return backlog_read(st, peer_role, offset, mroom);
+}
+
+/* peer_backlogged's read of the peer's queue. A subprogram: its branches
+ * (the late verdict's ask, the limit, the grace) stay out of sl_msg's
+ * states, which the valve's room doubles where readers get its verdict
+ * late. */
+static __noinline int backlog_read(struct sl_sock *st, __u32 peer_role, __u64 offset, __u32 *mroom)
+{
+	if (!st || !mroom)
+		return 0;
+	__u32 budget = msg_budget();
 	st->check_left = SL_BACKLOG_CHECK_BYTES;
 	struct sock *peer = member_sock(st->slot, peer_role);
 	if (!peer)
@@ -285,7 +299,7 @@ static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, 
 	int rcvbuf = peer->sk_rcvbuf;
 	if (rcvbuf > 0 && (__u64)rcvbuf > limit)
 		limit = rcvbuf;
-	held = msgs_held(st, offset, queued);
+	__u32 held = msgs_held(st, offset, queued);
 	*mroom = held < budget ? budget - 1 - held : 0;
 	if (queued <= limit && held < budget) {
 		__u64 room = limit - queued;

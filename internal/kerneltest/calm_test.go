@@ -103,6 +103,8 @@ func calmRun(t *testing.T, addr string, learn bool) {
 	n := newNode(t, func(s *datapath.Settings) {
 		s.BacklogLimit = 1 << 20
 		s.CalmPlain = map[bool]datapath.Mode{true: datapath.ModeOn, false: datapath.ModeOff}[learn]
+		// Learning calm destinations is what --reader-verdict join has.
+		s.LateVerdict = datapath.ModeOff
 	})
 	st, err := n.dp.Settings()
 	if err != nil {

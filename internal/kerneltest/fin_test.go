@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/socklane/socklane/internal/datapath"
 	"golang.org/x/sys/unix"
 )
 
@@ -55,7 +56,9 @@ func runFinRole(role string, args []string) (ok bool, err error) {
 // the kernel's run count of sl_skb, and the map, while the client holds
 // the half-closed connection.
 func TestFinAlone(t *testing.T) {
-	n := newNode(t)
+	// Joined with the verdict: a calm connection given it late would
+	// not run sl_skb at all.
+	n := newNode(t, func(s *datapath.Settings) { s.LateVerdict = datapath.ModeOff })
 	st, err := n.dp.Settings()
 	if err != nil {
 		t.Fatal(err)

@@ -287,11 +287,35 @@ const lateWriterBytes = 8 << 20
 // reads every byte and holds the sockets open, then closes them. The
 // evidence: the entries their reads made while held (the attack ran),
 // none left once the sockets are closed, and every byte read in order.
+// Both ways a reader gets the verdict: as it joins, and late, once its
+// writer found 64 KiB queued for it. The backlog limit sets the valve's
+// floor (half of it): low, so the valve opens before the writers' 8 MiB
+// are queued; given late, high enough that the backlog rule (at twice
+// it) does not move the direction to TCP before the join.
 func TestResetBeforeAccept(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		late  datapath.Mode
+		limit uint32
+		addr  string
+	}{
+		{"verdict at join", datapath.ModeOff, 64 << 10, "127.0.0.1:7721"},
+		{"verdict given late", datapath.ModeOn, 2 << 20, "127.0.0.1:7722"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resetBeforeAccept(t, tc.addr, func(s *datapath.Settings) { s.BacklogLimit, s.LateVerdict = tc.limit, tc.late })
+		})
+	}
+}
+
+func resetBeforeAccept(t *testing.T, addr string, set func(*datapath.Settings)) {
 	const conns = 8
-	n := newNode(t, func(s *datapath.Settings) { s.BacklogLimit = 64 << 10 })
+	n := newNode(t, set)
 	n.requireValve("no sk_skb verdict, no sl_skb_seqs to fill")
-	const addr = "127.0.0.1:7721"
+	st, err := n.dp.Settings()
+	if err != nil {
+		t.Fatal(err)
+	}
 	before := n.counters()
 	acceptor := n.listenPiped("late-acceptor", addr, strconv.Itoa(conns))
 	out, w, exited := acceptor.out, acceptor.w, acceptor.exited
@@ -315,6 +339,21 @@ func TestResetBeforeAccept(t *testing.T) {
 	if reset["lingers"] != conns || reset["valve_opens"] == 0 || reset["pass_msgs"] == 0 {
 		t.Fatalf("lingers %d (want %d), valve openings %d, messages through TCP %d: want every reset socket lingering with TCP's bytes waiting",
 			reset["lingers"], conns, reset["valve_opens"], reset["pass_msgs"])
+	}
+	if late := reset["late_verdicts"]; st.LateVerdict.On() != (late == conns) || (!st.LateVerdict.On() && late != 0) {
+		t.Fatalf("late_verdicts %d with the late verdict %v: want each reader given it late (%d), or none", late, st.LateVerdict.On(), conns)
+	}
+	// The lingering readers, in the maps until read.
+	inMaps, err := n.dp.SocketsByMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := datapath.SocketCounts{Valve: conns}
+	if st.LateVerdict.On() {
+		want = datapath.SocketCounts{Plain: conns, Late: conns}
+	}
+	if inMaps != want {
+		t.Errorf("the reset connections' readers, not accepted: in the maps %+v, want %+v", inMaps, want)
 	}
 	if _, err := w.Write([]byte("accept\n")); err != nil {
 		t.Fatal(err)

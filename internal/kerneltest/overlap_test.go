@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/socklane/socklane/internal/datapath"
 	"github.com/socklane/socklane/internal/sockbugs"
 	"github.com/socklane/socklane/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -395,12 +396,24 @@ func TestRetransmitOverlap(t *testing.T) {
 	if !bare.exact && !bare.repeated {
 		t.Fatalf("a bare stream verdict: %s; want the stream exact, or with the resent head twice", bare)
 	}
-	n := newNode(t)
+	for _, late := range []datapath.Mode{datapath.ModeOff, datapath.ModeOn} {
+		t.Run(map[datapath.Mode]string{datapath.ModeOff: "verdict at join", datapath.ModeOn: "verdict given late"}[late], func(t *testing.T) {
+			overlapSocklane(t, late, bare)
+		})
+	}
+}
+
+// overlapSocklane runs the overlap stream to a bypassed receiver. Given
+// the verdict as it joins (the valve), sl_skb must cut the repeated head;
+// given it late, a receiver that never fell behind has none, and TCP's
+// own receive path skips the head.
+func overlapSocklane(t *testing.T, late datapath.Mode, bare overlapResult) {
+	n := newNode(t, func(s *datapath.Settings) { s.LateVerdict = late })
 	settings, err := n.dp.Settings()
 	if err != nil {
 		t.Fatal(err)
 	}
-	valve := settings.BacklogValve.On()
+	valve := settings.BacklogValve.On() && !settings.LateVerdict.On()
 	before := n.counters()
 	cmd, out := n.run("overlap")
 	if err := cmd.Wait(); err != nil {
@@ -411,7 +424,7 @@ func TestRetransmitOverlap(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := delta(before, n.counters())
-	t.Logf("socklane (valve %v): %s; skb_overlaps %d, skb_overlap_bytes %d, err_skb_trim %d, fallback_no_handshake %d",
+	t.Logf("socklane (verdict from the start %v): %s; skb_overlaps %d, skb_overlap_bytes %d, err_skb_trim %d, fallback_no_handshake %d",
 		valve, got, d["skb_overlaps"], d["skb_overlap_bytes"], d["err_skb_trim"], d["fallback_no_handshake"])
 	if !got.exact {
 		t.Errorf("socklane: %s; want every byte once (counters %v)", got, d)
@@ -428,6 +441,6 @@ func TestRetransmitOverlap(t *testing.T) {
 		t.Errorf("with the valve: skb_overlaps %d, skb_overlap_bytes %d; want the %d repeated bytes cut once", d["skb_overlaps"], d["skb_overlap_bytes"], overlapHead)
 	}
 	if !valve && d["skb_overlaps"] != 0 {
-		t.Errorf("without the valve sl_skb cut %d segments", d["skb_overlaps"])
+		t.Errorf("without the verdict sl_skb cut %d segments", d["skb_overlaps"])
 	}
 }
