@@ -116,10 +116,6 @@ type Options struct {
 	// for good instead of pushing its writer back through TCP (the valve,
 	// the default where the kernel runs it: see datapath.Settings).
 	SlowReadersTCP bool
-	// CalmPlain lets connections to a destination learned calm join
-	// without the valve's verdict (the datapath's --calm-destinations
-	// plain).
-	CalmPlain bool
 	// JoinVerdict gives every connection the valve's verdict as it joins
 	// (the datapath's --reader-verdict join) instead of giving it to
 	// readers when they fall behind (late, the default where the valve
@@ -166,9 +162,10 @@ type Sample struct {
 	ValveOpens      uint64 `json:",omitempty"`
 	ValveBytes      uint64 `json:",omitempty"`
 	RedirectedBytes uint64 `json:",omitempty"`
-	// PlainConns: connections of the run that joined without the valve's
-	// verdict (conns_plain: --calm-destinations plain, learned calm).
-	PlainConns uint64 `json:",omitempty"`
+	// LateVerdicts: readers of the run given the valve's verdict when
+	// their writer first found them behind (late_verdicts, --reader-verdict
+	// late).
+	LateVerdicts uint64 `json:",omitempty"`
 	// KeptOnTCP: with --default-settings, why a bypass sample's
 	// connections stayed on TCP (the largest fallback counter's name), if
 	// nothing was redirected.
@@ -338,9 +335,6 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.SlowReadersTCP {
 		settings.BacklogValve = datapath.ModeOff
-	}
-	if o.CalmPlain {
-		settings.CalmPlain = datapath.ModeOn
 	}
 	if o.JoinVerdict {
 		settings.LateVerdict = datapath.ModeOff

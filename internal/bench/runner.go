@@ -280,7 +280,7 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	s.BacklogFallbacks = d.Get(datapath.CounterFallbackBacklog)
 	s.StreamFallbacks = d.Get(datapath.CounterFallbackSmall)
 	s.ValveOpens, s.ValveBytes = d.Get(datapath.CounterValveOpens), d.Get(datapath.CounterValveBytes)
-	s.PlainConns = d.Get(datapath.CounterConnsPlain)
+	s.LateVerdicts = d.Get(datapath.CounterLateVerdicts)
 	s.RedirectedBytes = d.Get(datapath.CounterRedirectBytes)
 	s.Redirected = ours
 	if path == PathBare {

@@ -68,7 +68,6 @@ struct sl_enums {
 	enum sl_mode mode;
 	enum sl_signals signals;
 	enum sl_sig_mask sig_mask;
-	enum sl_calm calm;
 	enum sl_late late;
 };
 const struct sl_enums *sl_enums_unused __attribute__((unused));
@@ -154,9 +153,6 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 				valve_credit(st, c, (struct sock *)bpf_skc_to_tcp_sock(sk), skops->args[0]);
 			if (sl_settings.bypass_brief != SL_MODE_ON && st->role == SL_ROLE_CLIENT)
 				brief_note(c, word_state(c->word));
-			if (sl_settings.backlog_valve == SL_MODE_ON && sl_settings.calm_plain == SL_MODE_ON &&
-			    st->role == SL_ROLE_CLIENT)
-				calm_note(c, word_state(c->word));
 			conn_event(c, SL_EV_CLOSED, 0, 0, st->role);
 			/* Closed before its close(), still in the map: it
 			 * leaves the map now, or keeps its slot (lingers). */
@@ -169,7 +165,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	}
 	/* A timer waiting for this socket to leave the map: it left. Only
 	 * sockets of the plain map arm one (evict_later, linger_start). */
-	if (!valve_on(st)) {
+	if (!valve_on()) {
 		__u32 id = st->self_id;
 		struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
 		if (!lingers && v && v->gen == st->gen)
@@ -179,7 +175,7 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	/* sl_skb follows only sockets TCP delivered bytes to (an empty
 	 * segment makes no entry): a bypassed socket seldom has any, and a
 	 * delete that finds nothing still locks a bucket of a large table. */
-	if ((valve_on(st) || st->late) && skops->bytes_received) {
+	if ((valve_on() || st->late) && skops->bytes_received) {
 		__u64 cookie = bpf_get_socket_cookie(skops);
 		bpf_map_delete_elem(&sl_skb_seqs, &cookie);
 	}
@@ -234,7 +230,7 @@ static __always_inline void on_transmit(struct bpf_sock_ops *skops)
 			pass_in = word_state(c->word) == SL_CONN_BYPASS;
 		}
 	}
-	if (valve_on(st) || st->late)
+	if (valve_on() || st->late)
 		valve_window(skops, sk, st, pass_in);
 	if (st->evict) {
 		/* Leaving the map drops what was redirected to this socket
@@ -518,7 +514,7 @@ int sl_release(struct bpf_sock *sk)
 		 * the verdict) after its close callback removed its entry
 		 * there: remove the one they made, which nothing else would
 		 * (TestResetBeforeAccept). */
-		if (valve_on(st) || st->late) {
+		if (valve_on() || st->late) {
 			__u64 cookie = bpf_get_socket_cookie(sk);
 			bpf_map_delete_elem(&sl_skb_seqs, &cookie);
 		}

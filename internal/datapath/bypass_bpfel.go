@@ -13,12 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type bypassSlCalm uint32
-
-const (
-	bypassSlCalmSL_CALM_LEARN bypassSlCalm = 2
-)
-
 type bypassSlCapHdr struct {
 	_       structs.HostLayout
 	TsNs    uint64
@@ -60,7 +54,6 @@ type bypassSlConfig struct {
 	BypassBrief        bypassSlMode
 	BypassSmallStreams bypassSlMode
 	BacklogValve       bypassSlMode
-	CalmPlain          bypassSlMode
 	LateVerdict        bypassSlMode
 	OwnerConns         uint32
 	OwnerListeners     uint32
@@ -70,7 +63,6 @@ type bypassSlConfig struct {
 	OwnerEvictTimers   uint32
 	OwnerMsgs          uint32
 	LbHostOnly         bypassSlMode
-	_                  [4]byte
 	HostNetns          uint64
 	ListenerKptr       uint32
 	_                  [4]byte
@@ -92,10 +84,10 @@ type bypassSlConn struct {
 	Path        [2]uint8
 	Reason      [2]uint8
 	Signals     [2]uint8
-	ValveMap    uint8
 	LateAsked   [2]uint8
 	LateJoined  [2]uint8
 	Pad         uint8
+	_           [1]byte
 	MsgsCharged [2]uint32
 	_           [4]byte
 }
@@ -167,16 +159,15 @@ const (
 	bypassSlCounterSL_C_VALVE_CLAMPS            bypassSlCounter = 46
 	bypassSlCounterSL_C_VALVE_UNCLAMPS          bypassSlCounter = 47
 	bypassSlCounterSL_C_VALVE_CWND_CLAMPS       bypassSlCounter = 48
-	bypassSlCounterSL_C_CONNS_PLAIN             bypassSlCounter = 49
-	bypassSlCounterSL_C_LINGERS                 bypassSlCounter = 50
-	bypassSlCounterSL_C_LATE_VERDICTS           bypassSlCounter = 51
-	bypassSlCounterSL_C_ERR_LATE_VERDICT        bypassSlCounter = 52
-	bypassSlCounterSL_C_MAX                     bypassSlCounter = 53
+	bypassSlCounterSL_C_LINGERS                 bypassSlCounter = 49
+	bypassSlCounterSL_C_LATE_VERDICTS           bypassSlCounter = 50
+	bypassSlCounterSL_C_ERR_LATE_VERDICT        bypassSlCounter = 51
+	bypassSlCounterSL_C_MAX                     bypassSlCounter = 52
 )
 
 type bypassSlCounters struct {
 	_ structs.HostLayout
-	C [53]uint64
+	C [52]uint64
 }
 
 type bypassSlDefaults uint32
@@ -278,7 +269,7 @@ const (
 type bypassSlLayoutVersion uint32
 
 const (
-	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 50
+	bypassSlLayoutVersionSL_LAYOUT_VERSION bypassSlLayoutVersion = 51
 )
 
 type bypassSlListener struct {
@@ -437,8 +428,8 @@ type bypassSlSock struct {
 	CwndSaved   uint32
 	CwndClamped uint8
 	FastSmall   uint8
-	ValveMap    uint8
 	Late        uint8
+	_           [1]byte
 	Linger      uint32
 }
 
@@ -481,7 +472,6 @@ const (
 const (
 	bypassMapSlBrief         = "sl_brief"
 	bypassMapSlBypassOptout  = "sl_bypass_optout"
-	bypassMapSlCalmDests     = "sl_calm_dests"
 	bypassMapSlCapSettings   = "sl_cap_settings"
 	bypassMapSlCapTokens     = "sl_cap_tokens"
 	bypassMapSlCapture       = "sl_capture"
@@ -575,7 +565,6 @@ type bypassProgramSpecs struct {
 type bypassMapSpecs struct {
 	SlBrief        *ebpf.MapSpec `ebpf:"sl_brief"`
 	SlBypassOptout *ebpf.MapSpec `ebpf:"sl_bypass_optout"`
-	SlCalmDests    *ebpf.MapSpec `ebpf:"sl_calm_dests"`
 	SlCapSettings  *ebpf.MapSpec `ebpf:"sl_cap_settings"`
 	SlCapTokens    *ebpf.MapSpec `ebpf:"sl_cap_tokens"`
 	SlCapture      *ebpf.MapSpec `ebpf:"sl_capture"`
@@ -633,7 +622,6 @@ func (o *bypassObjects) Close() error {
 type bypassMaps struct {
 	SlBrief        *ebpf.Map `ebpf:"sl_brief"`
 	SlBypassOptout *ebpf.Map `ebpf:"sl_bypass_optout"`
-	SlCalmDests    *ebpf.Map `ebpf:"sl_calm_dests"`
 	SlCapSettings  *ebpf.Map `ebpf:"sl_cap_settings"`
 	SlCapTokens    *ebpf.Map `ebpf:"sl_cap_tokens"`
 	SlCapture      *ebpf.Map `ebpf:"sl_capture"`
@@ -665,7 +653,6 @@ func (m *bypassMaps) Close() error {
 	return _BypassClose(
 		m.SlBrief,
 		m.SlBypassOptout,
-		m.SlCalmDests,
 		m.SlCapSettings,
 		m.SlCapTokens,
 		m.SlCapture,

@@ -28,7 +28,7 @@ const (
 	CounterFallbackSmall    = bypassSlCounterSL_C_FALLBACK_SMALL_STREAM
 	CounterValveOpens       = bypassSlCounterSL_C_VALVE_OPENS
 	CounterValveBytes       = bypassSlCounterSL_C_VALVE_BYTES
-	CounterConnsPlain       = bypassSlCounterSL_C_CONNS_PLAIN
+	CounterLateVerdicts     = bypassSlCounterSL_C_LATE_VERDICTS
 	LBCounterSelected       = servicelbSlLbCounterSL_LB_SELECTED
 	LBCounterPolFirstPacket = servicelbSlLbCounterSL_LB_POL_FIRST_PACKET
 	LBCounterPolDenied      = servicelbSlLbCounterSL_LB_POL_DENIED_CONNECT

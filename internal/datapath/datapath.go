@@ -210,8 +210,8 @@ func create(cfg Config, f Features, types *btf.Cache) (*Datapath, error) {
 		return nil, err
 	}
 	// sl_msg runs on both socket maps: the valve's and the plain one
-	// (connections to destinations learned calm under --calm-destinations
-	// plain, or all of them under --slow-readers tcp).
+	// (every connection under --reader-verdict late or --slow-readers
+	// tcp).
 	attaches := []sockmapAttach{
 		{bypassMapSlSockmap, d.objs.SlSockmap, d.objs.SlMsg, ebpf.AttachSkMsgVerdict},
 		{bypassMapSlSockmapPlain, d.objs.SlSockmapPlain, d.objs.SlMsg, ebpf.AttachSkMsgVerdict},

@@ -108,8 +108,7 @@ type SocketCounts struct {
 	// reads take the kernel's parser receive path).
 	Valve int `json:"valve"`
 	// Plain: in sl_sockmap_plain (every connection under --reader-verdict
-	// late, a destination learned calm, or the datapath runs without the
-	// valve).
+	// late, or where the datapath runs without the valve).
 	Plain int `json:"plain"`
 	// Late: those of Plain given the valve's verdict late, in
 	// sl_sockmap_late as well (--reader-verdict late).

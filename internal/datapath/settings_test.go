@@ -24,13 +24,13 @@ func TestSettingsReadBack(t *testing.T) {
 	valveFit := f.ValveFit()
 	for i, want := range []Settings{
 		{Bypass: ModeOn, BacklogLimit: 1 << 20, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeOff, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, CalmPlain: ModeOff, LateVerdict: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, OwnerMsgs: DefaultOwnerMsgs, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, LateVerdict: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns, OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, OwnerMsgs: DefaultOwnerMsgs, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 123456, VerdictWindow: 0, BypassBlocking: ModeOn, BypassBrief: ModeOff,
-			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, CalmPlain: ModeOn, LateVerdict: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, OwnerEvictTimers: 6, OwnerMsgs: 7, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, LateVerdict: ModeOn, OwnerConns: 1, OwnerListeners: 2, OwnerLbConns: 3, OwnerAffinity: 4, OwnerUdpTables: 5, OwnerEvictTimers: 6, OwnerMsgs: 7, LbHostOnly: ModeOn},
 		{Bypass: ModeOff, BacklogLimit: 7 << 20, VerdictWindow: 65536, BypassBlocking: ModeOff, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, CalmPlain: ModeOn, LateVerdict: ModeOn, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, OwnerEvictTimers: 131072, OwnerMsgs: 16777216, LbHostOnly: ModeOff},
+			BypassSmallStreams: ModeOff, BacklogValve: ModeOff, LateVerdict: ModeOn, OwnerConns: 65536, OwnerListeners: 65536, OwnerLbConns: 131072, OwnerAffinity: 262144, OwnerUdpTables: 1048576, OwnerEvictTimers: 131072, OwnerMsgs: 16777216, LbHostOnly: ModeOff},
 		{Bypass: ModeOn, BacklogLimit: 1, VerdictWindow: MaxVerdictWindow, BypassBlocking: ModeOn, BypassBrief: ModeOn,
-			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, CalmPlain: ModeOff, LateVerdict: ModeOff, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, OwnerEvictTimers: 1, OwnerMsgs: 4096, LbHostOnly: ModeOn},
+			BypassSmallStreams: ModeOn, BacklogValve: ModeOn, LateVerdict: ModeOff, OwnerConns: 300, OwnerListeners: 20, OwnerLbConns: 4000, OwnerAffinity: 16, OwnerUdpTables: 64, OwnerEvictTimers: 1, OwnerMsgs: 4096, LbHostOnly: ModeOn},
 	} {
 		t.Run(fmt.Sprintf("%+v", want), func(t *testing.T) {
 			dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-set-%d-%d", os.Getpid(), i))
@@ -69,7 +69,7 @@ func TestSettingsReadBack(t *testing.T) {
 			}
 			other := Config{PinDir: dir, Settings: Settings{Bypass: ModeOn + ModeOff - want.Bypass, BacklogLimit: 99, VerdictWindow: 8,
 				BypassBlocking: ModeOn + ModeOff - want.BypassBlocking, BypassBrief: ModeOn + ModeOff - want.BypassBrief,
-				BypassSmallStreams: ModeOn + ModeOff - want.BypassSmallStreams, BacklogValve: ModeOff, CalmPlain: ModeOn + ModeOff - want.CalmPlain, LateVerdict: ModeOn + ModeOff - want.LateVerdict}}
+				BypassSmallStreams: ModeOn + ModeOff - want.BypassSmallStreams, BacklogValve: ModeOff, LateVerdict: ModeOn + ModeOff - want.LateVerdict}}
 			if valveFit {
 				other.Settings.BacklogValve = ModeOn + ModeOff - want.BacklogValve
 			}

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* socklane: what the datapath learns about a destination's connections,
- * per client network namespace: whether they are brief (sl_brief), and
- * whether they are calm (sl_calm_dests). */
+ * per client network namespace: whether they are brief (sl_brief). */
 #ifndef SL_BRIEF_H
 #define SL_BRIEF_H
 
@@ -79,45 +78,6 @@ static __always_inline void brief_note(const struct sl_conn *c, __u32 state)
 	if (s->brief < SL_BRIEF_LEARN) {
 		s->joined_ns = bpf_ktime_get_ns();
 		__sync_fetch_and_add(&s->brief, 1);
-	}
-}
-
-/* Whether a new client connection to t's destination, from namespace
- * netns, may join without the valve's verdict: the last SL_CALM_LEARN
- * bypassed connections there were calm (calm_note). */
-static __always_inline int calm_dest(const struct sl_tuple *t, __u64 netns)
-{
-	struct sl_dest d;
-	dest_of(&d, t, netns);
-	__u32 *n = bpf_map_lookup_elem(&sl_calm_dests, &d);
-	return n && *n >= SL_CALM_LEARN;
-}
-
-/* Learns from a client closing (with the valve on) whether its
- * destination's connections need the valve. A bypassed connection that
- * redirected and sent no byte through TCP (no valve pass, no move to TCP)
- * counts one more calm connection, up to SL_CALM_LEARN; any other
- * bypassed one forgets the destination, so that its next connections join
- * the valve's map again. One kept on TCP says nothing. */
-static __always_inline void calm_note(const struct sl_conn *c, __u32 state)
-{
-	if (state != SL_CONN_BYPASS)
-		return;
-	struct sl_dest d;
-	dest_of(&d, &c->client, c->client_netns);
-	__u32 *n = bpf_map_lookup_elem(&sl_calm_dests, &d);
-	if (c->tcp_msgs[0] || c->tcp_msgs[1]) {
-		if (n)
-			bpf_map_delete_elem(&sl_calm_dests, &d);
-		return;
-	}
-	if (!c->msgs[0] && !c->msgs[1])
-		return;
-	if (!n) {
-		__u32 one = 1;
-		bpf_map_update_elem(&sl_calm_dests, &d, &one, BPF_NOEXIST);
-	} else if (*n < SL_CALM_LEARN) {
-		__sync_fetch_and_add(n, 1);
 	}
 }
 

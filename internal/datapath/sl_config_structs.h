@@ -62,21 +62,13 @@ struct sl_config {
 	 * same queue as the redirected ones). Otherwise the backlog rule
 	 * moves the direction to TCP for good (backlog_limit). */
 	enum sl_mode backlog_valve;
-	/* SL_MODE_ON (with the valve): a connection whose client's namespace
-	 * saw its destination's last SL_CALM_LEARN bypassed connections close
-	 * with no byte through TCP joins sl_sockmap_plain, without the
-	 * valve's verdict (reads on the kernel's plain receive path; a slow
-	 * reader's direction moves to TCP). Otherwise every connection joins
-	 * the valve's map. Off by default: a socket of the plain map whose
-	 * direction moved to TCP and whose peer then reset it can show
-	 * FIONREAD 0 for TCP's bytes (docs/ARCHITECTURE.md). */
-	enum sl_mode calm_plain;
 	/* SL_MODE_ON (with the valve): every connection joins
 	 * sl_sockmap_plain (reads on the kernel's plain receive path), and a
 	 * reader gets the valve's verdict (sl_sockmap_late) from the kernel
 	 * when its writer first finds SL_LATE_ASK_BYTES queued for it
 	 * (late_ask, late_join); until then, and where it cannot be given,
-	 * its direction runs under the backlog rule. Supersedes calm_plain. */
+	 * its direction runs under the backlog rule. Otherwise every connection
+	 * joins the valve's map, sl_sockmap. */
 	enum sl_mode late_verdict;
 	/* What one owner (the cgroup of a socket, or of the process making
 	 * it: a pod's container) may hold of the node-wide tables (defaults
@@ -121,7 +113,6 @@ struct sl_config {
 	.bypass_brief = SL_MODE_OFF,                               \
 	.bypass_small_streams = SL_MODE_OFF,                       \
 	.backlog_valve = SL_MODE_OFF,                              \
-	.calm_plain = SL_MODE_OFF,                                 \
 	.owner_conns = SL_OWNER_CONNS,                             \
 	.owner_listeners = SL_OWNER_LISTENERS,                     \
 	.owner_lb_conns = SL_OWNER_LB_CONNS,                       \

@@ -273,17 +273,15 @@ static __always_inline void clear_member_sock(__u32 slot, __u32 role)
 		socks->server = 0;
 }
 
-/* Whether st's connection runs with the valve, in sl_sockmap: loaded with
- * it, and joined its map (valve_map); else it is in sl_sockmap_plain and a
+/* Whether connections join sl_sockmap, with the valve's verdict: loaded
+ * with the valve and --reader-verdict join. Else they join
+ * sl_sockmap_plain, where a reader gets the verdict late (late_on) or a
  * slow reader's direction moves to TCP. Every choice between the two maps
- * asks this: where the settings alone decide (the valve off, or on without
- * calm destinations) it is a constant and the verifier drops the other
- * map's paths. */
-static __always_inline int valve_on(const struct sl_sock *st)
+ * asks this: the settings alone decide, so it is a constant and the
+ * verifier drops the other map's paths. */
+static __always_inline int valve_on(void)
 {
-	if (sl_settings.backlog_valve != SL_MODE_ON || sl_settings.late_verdict == SL_MODE_ON)
-		return 0;
-	return sl_settings.calm_plain != SL_MODE_ON || st->valve_map;
+	return sl_settings.backlog_valve == SL_MODE_ON && sl_settings.late_verdict != SL_MODE_ON;
 }
 
 /* --reader-verdict late: every connection is in sl_sockmap_plain, and a
@@ -297,7 +295,7 @@ static __always_inline int late_on(void)
  * valve's verdict, or it was given it late. */
 static __always_inline int valve_into(const struct sl_sock *st, const struct sl_conn *c, __u32 role)
 {
-	if (valve_on(st))
+	if (valve_on())
 		return 1;
 	return late_on() && c->late_joined[role & 1];
 }
@@ -306,16 +304,16 @@ static __always_inline int valve_into(const struct sl_sock *st, const struct sl_
  * connection joined. */
 static __always_inline long sock_redirect(struct sk_msg_md *msg, const struct sl_sock *st, __u32 peer)
 {
-	if (valve_on(st))
+	if (valve_on())
 		return bpf_msg_redirect_map(msg, &sl_sockmap, peer, BPF_F_INGRESS);
 	return bpf_msg_redirect_map(msg, &sl_sockmap_plain, peer, BPF_F_INGRESS);
 }
 
 /* Takes the socket under key id (a member of st's connection) out of the
- * socket map its connection joined (valve_map); 0 if it was there. */
+ * socket map its connection joined (valve_on); 0 if it was there. */
 static __always_inline long sock_leave(const struct sl_sock *st, __u32 id)
 {
-	if (valve_on(st))
+	if (valve_on())
 		return bpf_map_delete_elem(&sl_sockmap, &id);
 	/* A reader given the verdict late leaves both (a miss costs a
 	 * lookup in an array). */

@@ -90,10 +90,6 @@ enum sl_counter {
 	SL_C_VALVE_CWND_CLAMPS,       /* bypassed sockets whose open valve passed sends under
 				       * SL_VALVE_SMALL_SEND given a congestion window of
 				       * SL_VALVE_SMALL_CWND (valve_cwnd in sl_valve_tcp.h) */
-	SL_C_CONNS_PLAIN,             /* connections that joined without the valve's verdict
-				       * (sl_sockmap_plain): the last SL_CALM_LEARN connections
-				       * from their client's namespace to their destination
-				       * never needed it (in conns_bypassed too) */
 	SL_C_LINGERS,                 /* sockets closed in the map (CLOSE before their close(): a peer's
 				       * reset or FIN) with redirected bytes unread: they kept their slot
 				       * until their close(), or until their timer took them out once those
@@ -122,7 +118,7 @@ enum sl_linger {
  * value or encoding (TestLayoutFingerprint fails on structural changes
  * made without a bump). */
 enum sl_layout_version {
-	SL_LAYOUT_VERSION = 50,
+	SL_LAYOUT_VERSION = 51,
 };
 
 /* Kernel sockmap bugs detected by behaviour when the datapath was created
@@ -242,19 +238,6 @@ enum sl_sig_mask {
 #define SL_BRIEF_PROBE_NS 1000000000ull
 #define SL_MAX_BRIEF 65536 /* destinations remembered (LRU) */
 
-/* With the valve on, a connection joins sl_sockmap, whose sk_skb verdict
- * puts its reads on the kernel's parser receive path (a clock read, a
- * receive-space update and a cleanup of the receive buffer each), unless
- * (--calm-destinations plain) the last SL_CALM_LEARN bypassed connections from its client's network
- * namespace to its destination closed with no byte through TCP (no valve
- * pass, no move: calm_note in sl_brief.h): then it joins
- * sl_sockmap_plain, whose reads are TCP's plain ones, and its slow
- * reader's direction moves to TCP (the backlog rule) and starts the count
- * over. */
-enum sl_calm {
-	SL_CALM_LEARN = 2,
-};
-#define SL_MAX_CALM 65536 /* destinations remembered (LRU) */
 
 /* Receiver backlog (see peer_backlogged): a direction moves to TCP once its
  * peer's queue has been over the limit for SL_BACKLOG_GRACE units of 2^20

@@ -95,10 +95,10 @@ static __always_inline void sock_member_init(struct sl_sock *st, __u32 slot, __u
 	st->check_left = 0;
 }
 
-/* Joins the socket map its connection chose (valve_map). */
+/* Joins the socket map the settings chose (valve_on). */
 static __always_inline long sock_join(struct bpf_sock_ops *skops, struct sl_sock *st)
 {
-	if (valve_on(st))
+	if (valve_on())
 		return bpf_sock_map_update(skops, &sl_sockmap, &st->self_id, BPF_NOEXIST);
 	return bpf_sock_map_update(skops, &sl_sockmap_plain, &st->self_id, BPF_NOEXIST);
 }
@@ -205,13 +205,6 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	}
 
-	/* With the valve on, the connection joins the valve's map unless this
-	 * namespace's connections to its destination were learned calm; the
-	 * server follows. */
-	int plain = sl_settings.backlog_valve == SL_MODE_ON && sl_settings.calm_plain == SL_MODE_ON && calm_dest(&t, netns);
-	st->valve_map = sl_settings.backlog_valve == SL_MODE_ON && !plain && !late_on();
-	c->valve_map = st->valve_map;
-
 	/* The client must be in the map before it is findable: the server
 	 * redirects to it as soon as it joins. */
 	if (sock_join(skops, st)) {
@@ -223,9 +216,7 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	}
 	st->in_map = 1;
-	if (plain)
-		count(SL_C_CONNS_PLAIN, 1);
-	if ((valve_on(st) || late_on()) && server_local(&t))
+	if ((valve_on() || late_on()) && server_local(&t))
 		unpace(skops);
 	struct sl_conn_ref ref = {.slot = slot, .gen = gen};
 	if (bpf_map_update_elem(&sl_conn_index, &t, &ref, BPF_ANY)) {
@@ -269,7 +260,6 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	sock_member_init(st, slot, gen, SL_ROLE_SERVER);
 	st->path = SL_PATH_TCP;
 	st->learn = 0;
-	st->valve_map = c->valve_map;
 	c->server_netns = bpf_get_netns_cookie(skops);
 	c->cookie[SL_ROLE_SERVER] = bpf_get_socket_cookie(skops);
 	set_member_sock(sk, slot, SL_ROLE_SERVER);
@@ -333,7 +323,7 @@ static __always_inline void on_passive(struct bpf_sock_ops *skops)
 	c->path[SL_ROLE_SERVER] = SL_PATH_BYPASS;
 	count(SL_C_CONNS_BYPASSED, 1);
 	conn_event(c, SL_EV_BYPASS, 0, 0, SL_ROLE_SERVER);
-	if (valve_on(st) || late_on())
+	if (valve_on() || late_on())
 		unpace(skops);
 	set_flags(skops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG, 0);
 }

@@ -143,7 +143,7 @@ done:;
  * second in softirq, charged to no process, so a pod whose connections
  * keep thousands of sockets waiting would have the node spend CPU for it.
  * Beyond the quota a socket is checked at its own transmits only.
- * Never in the valve's map (valve_map): its sk_skb verdict puts TCP's bytes in the psock
+ * Never in the valve's map (valve_on): its sk_skb verdict puts TCP's bytes in the psock
  * queue too, where FIONREAD counts them, and it does so under the
  * socket's lock, which a timer does not hold. A timer that found the
  * queue empty could delete the socket just after a segment joined it,
@@ -152,7 +152,7 @@ done:;
  * and take it out. */
 static __always_inline void evict_later(struct sl_sock *st, struct sl_conn *c)
 {
-	if (valve_on(st))
+	if (valve_on())
 		return;
 	__u32 id = st->self_id;
 	struct sl_evict_timer *v = bpf_map_lookup_elem(&sl_evict_timers, &id);
@@ -208,7 +208,7 @@ static __always_inline int linger_start(struct sl_sock *st, struct sl_conn *c, s
 	 * before this callback and detached the psock). */
 	if (!st->in_map || !psock_of(sk))
 		return 0;
-	int moved = !valve_on(st) && c->path[(st->role ^ 1) & 1] == SL_PATH_TCP;
+	int moved = !valve_on() && c->path[(st->role ^ 1) & 1] == SL_PATH_TCP;
 	if (may_leave(st->slot, st->role, sk) && !psock_skbs_waiting(sk)) {
 		/* An eviction where its direction had moved to TCP (so that
 		 * FIONREAD counts what TCP holds), as its timer's would be. */

@@ -22,14 +22,15 @@ struct {
 } sl_sockmap SEC(".maps");
 
 /* The same for connections that join without the valve's sk_skb verdict
- * (a datapath loaded with --slow-readers tcp, or, with --calm-destinations
- * plain, a destination whose recent connections never needed the valve:
- * on_active). A map's programs are
+ * (a datapath loaded with --slow-readers tcp, or with --reader-verdict
+ * late, whose readers get it in sl_sockmap_late when they fall behind).
+ * A map's programs are
  * fixed for a socket when it joins, and a verdict on its map puts every
  * read of the socket on the kernel's parser receive path; without it
  * reads take the plain one, as for TCP's own bytes. sl_msg runs on both;
- * a slow reader's direction here moves to TCP (the backlog rule). Keys
- * are unique across the two maps: a connection's members join one. */
+ * a slow reader's direction here moves to TCP (the backlog rule) unless it
+ * gets the verdict late. Keys are unique across the two maps: a
+ * connection's members join one. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SOCKMAP);
 	__uint(max_entries, SL_MAX_SOCKS);
@@ -202,17 +203,6 @@ struct {
 	__type(value, struct sl_owner);
 } sl_owners SEC(".maps");
 
-/* Destinations whose recent connections from a namespace were calm
- * (SL_CALM_LEARN in sl_consts.h): how many in a row. An LRU per client
- * namespace and destination, like sl_brief: a pod's flood of destinations
- * only ages entries out, and a connection whose entry went joins the
- * valve's map, as before any was learned. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, SL_MAX_CALM);
-	__type(key, struct sl_dest);
-	__type(value, __u32);
-} sl_calm_dests SEC(".maps");
 
 /* Destinations whose recent connections were brief (see sl_consts.h). */
 struct {

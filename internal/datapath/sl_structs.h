@@ -89,8 +89,6 @@ struct sl_conn {
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
 	__u8 signals[2];          /* enum sl_signals per member role (per-process mode) */
-	__u8 valve_map;           /* the members joined sl_sockmap, with the valve's verdict
-				   * (else sl_sockmap_plain): chosen by the client (on_active) */
 	__u8 late_asked[2];       /* per member role: its writer queued it for the valve's
 				   * verdict (--reader-verdict late; late_ask) */
 	__u8 late_joined[2];      /* per member role: it joined sl_sockmap_late (late_join) */
@@ -177,7 +175,7 @@ struct sl_seed_args {
 
 /* Per-socket state in socket storage. */
 struct sl_sock {
-	__u32 self_id;   /* this socket's key in its socket map (valve_map) */
+	__u32 self_id;   /* this socket's key in its socket map (valve_on) */
 	__u32 peer_id;   /* the peer socket's key in the same map */
 	__u32 slot;      /* index into sl_conns */
 	__u32 gen;       /* generation of that slot when joined */
@@ -231,8 +229,6 @@ struct sl_sock {
 	__u8 fast_small;   /* sends under the verdict window fast_send may still
 			    * take: SL_WINDOW_SENDS after a full verdict that
 			    * redirected without a window, else 0 */
-	__u8 valve_map;    /* in sl_sockmap, with the valve's verdict (else in
-			    * sl_sockmap_plain): its connection's valve_map */
 	__u8 late;         /* in sl_sockmap_late too: given the valve's verdict
 			    * when its writer first found it behind (late_join) */
 	__u32 linger;      /* enum sl_linger: closed in the map (CLOSE before

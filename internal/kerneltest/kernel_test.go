@@ -112,7 +112,7 @@ func runRole(role string, args []string) error {
 		}
 		return nil
 	}
-	if ok, err := runCalmRole(role, args); ok {
+	if ok, err := runMoodyRole(role, args); ok {
 		return err
 	}
 	if ok, err := runLingerRole(role, args); ok {

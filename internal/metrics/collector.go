@@ -224,7 +224,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		c.emit(ch, famSetting, boolValue(s.BypassBrief.On()), "bypass_brief")
 		c.emit(ch, famSetting, boolValue(s.BypassSmallStreams.On()), "bypass_small_streams")
 		c.emit(ch, famSetting, boolValue(s.BacklogValve.On()), "backlog_valve")
-		c.emit(ch, famSetting, boolValue(s.CalmPlain.On()), "calm_plain")
 		c.emit(ch, famSetting, boolValue(s.LateVerdict.On()), "late_verdict")
 	}
 	if failed {
