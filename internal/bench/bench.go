@@ -116,11 +116,9 @@ type Options struct {
 	// for good instead of pushing its writer back through TCP (the valve,
 	// the default where the kernel runs it: see datapath.Settings).
 	SlowReadersTCP bool
-	// JoinVerdict gives every connection the valve's verdict as it joins
-	// (the datapath's --reader-verdict join) instead of giving it to
-	// readers when they fall behind (late, the default where the valve
-	// runs).
-	JoinVerdict bool
+	// LateVerdict gives readers the valve's verdict only when they fall
+	// behind (the datapath's --reader-verdict late).
+	LateVerdict bool
 	// BareStreamVerdict gives the bare redirect a pass-through sk_skb
 	// stream verdict, as the valve gives socklane's map: both then read
 	// through the kernel's parser receive path (bare.Options).
@@ -336,8 +334,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.SlowReadersTCP {
 		settings.BacklogValve = datapath.ModeOff
 	}
-	if o.JoinVerdict {
-		settings.LateVerdict = datapath.ModeOff
+	if o.LateVerdict {
+		settings.LateVerdict = datapath.ModeOn
 	}
 	dp, err := datapath.Open(datapath.Config{PinDir: pinDir, Settings: settings})
 	if err != nil {

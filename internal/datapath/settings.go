@@ -66,12 +66,12 @@ const (
 // bypass and blocking readers left to the kernel's bugs, slow readers
 // pushed back through TCP by the valve where the kernel runs it
 // (Features.ValveFit) and moved to TCP by the backlog rule elsewhere,
-// readers given the valve's verdict when they fall behind, the backlog
+// readers given the valve's verdict as they join, the backlog
 // limit to net.ipv4.tcp_rmem, the default verdict window and owner
 // quotas, brief connections learnt and left on TCP.
 func DefaultSettings() Settings {
 	return Settings{Bypass: ModeAuto, VerdictWindow: DefaultVerdictWindow, BypassBlocking: ModeAuto, BypassBrief: ModeOff,
-		BypassSmallStreams: ModeOff, BacklogValve: ModeAuto, LateVerdict: ModeAuto, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
+		BypassSmallStreams: ModeOff, BacklogValve: ModeAuto, LateVerdict: ModeOff, OwnerConns: DefaultOwnerConns, OwnerListeners: DefaultOwnerListeners, OwnerLbConns: DefaultOwnerLBConns,
 		OwnerAffinity: DefaultOwnerAffinity, OwnerUdpTables: DefaultOwnerUDPTables, OwnerEvictTimers: DefaultOwnerEvictTimers, OwnerMsgs: DefaultOwnerMsgs, LbHostOnly: ModeOff}
 }
 
@@ -125,10 +125,11 @@ func (s Settings) Resolve(f Features) Settings {
 			s.BacklogValve = ModeOn
 		}
 	}
-	// Where the valve runs, readers get its verdict when they fall
-	// behind: the rest read on the kernel's plain receive path.
+	// Readers take the valve's verdict as they join: the late verdict
+	// does not yet serve every reader the valve does (docs/ARCHITECTURE.md,
+	// readers given the verdict late).
 	if s.LateVerdict == ModeAuto {
-		s.LateVerdict = s.BacklogValve
+		s.LateVerdict = ModeOff
 	}
 	if s.BacklogLimit == 0 {
 		s.BacklogLimit = tcpRmemMax()
@@ -185,8 +186,8 @@ func settingTable() []setting {
 			usage: "a bypassed direction streaming sends under 128 bytes one way, fast (4 verdict windows of up to 64 sends used up with nothing sent back, each at sends about 8 us apart or closer): tcp (moved to TCP, which coalesces the writes, unless the writer set TCP_NODELAY; request/response traffic and slower streams keep the bypass) or bypass"},
 		{name: "slow-readers", mode: func(s *Settings) *Mode { return &s.BacklogValve }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "valve", ModeOff: "tcp"},
 			usage: "a bypassed direction whose reader falls behind: valve (its writer's sends pass to TCP, whose window paces it, while the reader's queue is near its SO_RCVBUF, less the window its TCP offered (half of it while TCP may still raise the buffer that much), and are redirected again once it caught up; an sk_skb verdict on the map puts TCP's bytes in the same queue, and bypassed sockets get a 16 KiB TCP_NOTSENT_LOWAT where their application set none and a TCP window of at most 64 KiB (TCP_WINDOW_CLAMP) while the valve may pass into them; only where the kernel charges redirected bytes to their reader (6.13, and stable kernels with that fix: socklane status lists redirect_uncharged otherwise); docs/ARCHITECTURE.md, known limits), tcp (moved to TCP for good by the backlog rule, --backlog-limit), or auto (valve where the kernel runs it, tcp elsewhere)"},
-		{name: "reader-verdict", mode: func(s *Settings) *Mode { return &s.LateVerdict }, words: map[Mode]string{ModeAuto: "auto", ModeOn: "late", ModeOff: "join"},
-			usage: "with the valve (--slow-readers valve): join (every connection's sockets take the valve's sk_skb verdict as they join the bypass, so every read takes the kernel's parser receive path), late (they join without it, reads on the plain receive path as the bare redirect's, and a reader gets it from the kernel when its writer first finds 64 KiB queued for it, through a timer whose callback a tc program set at load; until then, or if it cannot be given, the backlog rule) or auto (late wherever the valve runs)"},
+		{name: "reader-verdict", mode: func(s *Settings) *Mode { return &s.LateVerdict }, words: map[Mode]string{ModeOn: "late", ModeOff: "join"},
+			usage: "with the valve (--slow-readers valve): join (every connection's sockets take the valve's sk_skb verdict as they join the bypass, so every read takes the kernel's parser receive path), late (they join without it, reads on the plain receive path as the bare redirect's, and a reader gets it from the kernel when its writer first finds 64 KiB queued for it, through a timer whose callback a tc program set at load; until then, or if it cannot be given, the backlog rule; a reader that half-closed its own side cannot be given it)"},
 		{name: "service-lb-scope", mode: func(s *Settings) *Mode { return &s.LbHostOnly }, words: map[Mode]string{ModeOff: "all", ModeOn: "host"},
 			usage: "sockets whose connects to service addresses are balanced at connect(): all (every managed socket, but pods opted out) or host (the host's network namespace only: pods' service traffic is left to kube-proxy, as a service mesh's sidecars need)"},
 		{name: "verdict-window", num: func(s *Settings) *uint32 { return &s.VerdictWindow }, unit: "bytes", max: MaxVerdictWindow,

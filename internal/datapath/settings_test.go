@@ -127,16 +127,16 @@ func TestResolve(t *testing.T) {
 			t.Errorf("slow readers %v on %+v resolved to %v, want %v", tt.s.BacklogValve, tt.f, got, tt.want)
 		}
 	}
-	// The reader's verdict left to the datapath: given late wherever the
-	// valve runs; asked for, as asked.
+	// The reader's verdict left to the datapath: given as readers join;
+	// asked for, as asked.
 	for _, tt := range []struct {
 		s    Settings
 		f    Features
 		want Mode
 	}{
-		{DefaultSettings(), fit, ModeOn},
+		{DefaultSettings(), fit, ModeOff},
 		{DefaultSettings(), uncharged, ModeOff},
-		{Settings{LateVerdict: ModeAuto, BacklogValve: ModeOff}, fit, ModeOff},
+		{Settings{LateVerdict: ModeAuto}, fit, ModeOff},
 		{Settings{LateVerdict: ModeOff}, fit, ModeOff},
 		{Settings{LateVerdict: ModeOn, BacklogValve: ModeOff}, fit, ModeOn},
 	} {
