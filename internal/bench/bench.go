@@ -46,6 +46,11 @@ const (
 	// PathBare is the reference: the bare sockmap redirect (package
 	// bare: sock_ops + sk_msg, nothing else), socklane detached.
 	PathBare = "bare"
+	// PathBareAgain is the bare redirect measured a second time in the
+	// same repetition (--control): bare-again / bare is what the machine
+	// itself moves between two runs of one path, the floor under any
+	// bypass / bare ratio the same run reports.
+	PathBareAgain = "bare-again"
 )
 
 // Scenarios: where the client runs relative to the server.
@@ -123,6 +128,9 @@ type Options struct {
 	// stream verdict, as the valve gives socklane's map: both then read
 	// through the kernel's parser receive path (bare.Options).
 	BareStreamVerdict bool
+	// Control measures the bare redirect twice in every repetition of
+	// socklane's own latency and throughput cases (PathBareAgain).
+	Control bool
 	// DefaultSettings loads the datapath as the agent does by default
 	// (blocking readers decided per process, as the kernel's bugs say)
 	// instead of bypassing every connection: each bypass sample then
@@ -184,6 +192,8 @@ type Case struct {
 	// NoBaseline: a services case above IptablesMaxServices, measured
 	// without the iptables baseline.
 	NoBaseline bool `json:"no_baseline,omitempty"`
+	// Control: the bare redirect is measured twice (PathBareAgain).
+	Control bool `json:"control,omitempty"`
 }
 
 // Paths the case is measured over: external tools have no AF_UNIX mode.
@@ -202,6 +212,12 @@ func (c *Case) Paths() []string {
 	}
 	if c.Tool != "" {
 		return []string{PathTCP, PathBypass, PathBare}
+	}
+	if c.Control {
+		// The second bare run follows bare as bypass precedes it: in
+		// every repetition (PathsOfRep reverses every other) each of
+		// the two ratios' paths runs right next to bare.
+		return []string{PathTCP, PathBypass, PathBare, PathBareAgain, PathUnix}
 	}
 	return []string{PathTCP, PathBypass, PathBare, PathUnix}
 }
@@ -248,6 +264,8 @@ type Report struct {
 	// BareStreamVerdict: the bare redirect had a stream verdict
 	// (--bare-stream-verdict).
 	BareStreamVerdict bool `json:"bare_stream_verdict,omitempty"`
+	// Control: the bare redirect was measured twice (--control).
+	Control bool `json:"control,omitempty"`
 	// Settings are what socklane's datapath was loaded with (the
 	// defaults resolved on this kernel, or the bench's own).
 	Settings datapath.Settings `json:"settings"`
@@ -387,7 +405,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 
 	rep := &Report{Started: time.Now().UTC(), Kernel: kernel(), Congestion: congestion(), CPUs: cpus(), Reps: o.Reps, IO: o.IO, BypassBrief: o.BypassBrief,
-		BypassSmallStreams: o.BypassSmallStreams, DefaultSettings: o.DefaultSettings, BareStreamVerdict: o.BareStreamVerdict, Scenarios: map[string]string{}}
+		BypassSmallStreams: o.BypassSmallStreams, DefaultSettings: o.DefaultSettings, BareStreamVerdict: o.BareStreamVerdict, Control: o.Control, Scenarios: map[string]string{}}
 	if rep.Settings, err = dp.Settings(); err != nil {
 		return nil, fmt.Errorf("reading the datapath's settings: %w", err)
 	}

@@ -124,6 +124,7 @@ func (r *Report) Markdown(w io.Writer) {
 			}
 		}
 	}
+	r.controlMarkdown(w)
 	r.toolMarkdown(w)
 	r.servicesMarkdown(w)
 	r.policiesMarkdown(w)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 
@@ -159,5 +160,41 @@ func TestPathsOfRep(t *testing.T) {
 				t.Errorf("%s: path %s's positions over four repetitions sum to %d, want %d (each position as often)", c.Kind, p, pos[p], want)
 			}
 		}
+	}
+}
+
+// TestControl: with --control a latency or throughput case measures the
+// bare redirect twice, each ratio's path next to bare in both orders of
+// a repetition, and the report sets the bare redirect's ratio to itself
+// beside socklane's.
+func TestControl(t *testing.T) {
+	c := &Case{Kind: Latency, Size: 1024, Placement: "same-cpu", Scenario: PodToPod, Samples: map[string][]Sample{}, Control: true}
+	for rep := range 2 {
+		paths := c.PathsOfRep(rep)
+		at := func(p string) int { return slices.Index(paths, p) }
+		if d := at(PathBare) - at(PathBypass); d != 1 && d != -1 {
+			t.Errorf("repetition %d: %v, bypass not next to bare", rep, paths)
+		}
+		if d := at(PathBare) - at(PathBareAgain); d != 1 && d != -1 {
+			t.Errorf("repetition %d: %v, bare-again not next to bare", rep, paths)
+		}
+	}
+	for i := range 3 {
+		c.Samples[PathBypass] = append(c.Samples[PathBypass], Sample{Mean: []float64{11, 12, 9}[i], P50: 10})
+		c.Samples[PathBare] = append(c.Samples[PathBare], Sample{Mean: 10, P50: 10})
+		c.Samples[PathBareAgain] = append(c.Samples[PathBareAgain], Sample{Mean: []float64{10, 9, 13}[i], P50: 11})
+	}
+	var b bytes.Buffer
+	(&Report{Cases: []*Case{c}, Control: true}).Markdown(&b)
+	if want := "| latency | pod-to-pod | same-cpu | 1024 | 1.10 (0.90-1.20) | 1.00 (0.90-1.30) | 1.00 (1.00-1.00) | 1.10 (1.10-1.10) |"; !strings.Contains(b.String(), want) {
+		t.Errorf("missing %q in:\n%s", want, b.String())
+	}
+	b.Reset()
+	(&Report{Cases: []*Case{c}}).Markdown(&b)
+	if strings.Contains(b.String(), "against itself") {
+		t.Errorf("a report without --control has the control table:\n%s", b.String())
+	}
+	if got := (&Case{Kind: Latency}).Paths(); slices.Contains(got, PathBareAgain) {
+		t.Errorf("paths without --control: %v", got)
 	}
 }

@@ -126,7 +126,8 @@ func (r *runner) cases() []*Case {
 	add := func(kind string, size int) {
 		for _, sc := range r.o.Scenarios {
 			for _, p := range r.o.Placements {
-				cs = append(cs, &Case{Kind: kind, Size: size, Placement: p.Name, Scenario: sc, Samples: map[string][]Sample{}})
+				cs = append(cs, &Case{Kind: kind, Size: size, Placement: p.Name, Scenario: sc, Samples: map[string][]Sample{},
+					Control: r.o.Control && (kind == Latency || kind == Throughput)})
 			}
 		}
 	}
@@ -241,7 +242,8 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	} else if _, err := r.dp.DetachAll(); err != nil {
 		return Sample{}, err
 	}
-	if path == PathBare {
+	bared := path == PathBare || path == PathBareAgain
+	if bared {
 		for _, p := range pods {
 			if err := r.bare.Attach(p.Cgroup); err != nil {
 				return Sample{}, errors.Join(err, r.bare.Detach())
@@ -283,7 +285,7 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 	s.LateVerdicts = d.Get(datapath.CounterLateVerdicts)
 	s.RedirectedBytes = d.Get(datapath.CounterRedirectBytes)
 	s.Redirected = ours
-	if path == PathBare {
+	if bared {
 		s.Redirected, s.BareMissed = theirs, bareAfter.Missed-bareBefore.Missed
 	}
 	switch {
@@ -293,10 +295,10 @@ func (r *runner) measure(c *Case, path string) (Sample, error) {
 		return s, errors.New("bypass attached, yet no message was redirected")
 	case path != PathBypass && ours != 0:
 		return s, fmt.Errorf("bypass detached, yet %d messages were redirected", ours)
-	case path == PathBare && theirs == 0:
+	case bared && theirs == 0:
 		return s, fmt.Errorf("bare redirect attached, yet no message was redirected (%d sends found no peer; %d sockets joined, %d refused)",
 			s.BareMissed, bareAfter.Joined-bareBefore.Joined, bareAfter.JoinFailed-bareBefore.JoinFailed)
-	case path != PathBare && theirs != 0:
+	case !bared && theirs != 0:
 		return s, fmt.Errorf("bare redirect detached, yet it redirected %d messages", theirs)
 	}
 	return s, nil
