@@ -346,7 +346,7 @@ int sl_msg(struct sk_msg_md *msg)
 		__u32 room = ~0u, mroom = ~0u;
 		if (valve_into(st, c, dir ^ 1))
 			reason = (room = valve_room(msg, st, c, len, redirected + len, offset, &mroom)) ? SL_C_FALLBACK_PEER_GONE : 0;
-		else if (!peer_backlogged(st, dir ^ 1, redirected + len, offset, &mroom))
+		else if (!peer_backlogged(st, c, dir ^ 1, redirected + len, offset, &mroom))
 			reason = SL_C_FALLBACK_PEER_GONE;
 		if (win > room)
 			win = room > len ? room : 0;
@@ -368,7 +368,12 @@ int sl_msg(struct sk_msg_md *msg)
 				count(SL_C_VALVE_OPENS, 1);
 				reason = 0;
 			} else {
-				reason = SL_C_FALLBACK_BACKLOG;
+				/* A reader that may get the late verdict is asked
+				 * for it now: until its join, this direction
+				 * redirects without a window, then the valve holds
+				 * the quota. */
+				if (!late_on() || !late_quota(st, dir ^ 1))
+					reason = SL_C_FALLBACK_BACKLOG;
 			}
 			count(SL_C_MSG_QUOTA, 1);
 		}
@@ -391,6 +396,16 @@ int sl_msg(struct sk_msg_md *msg)
 					capture(msg, cap, c, st, dir, offset, len);
 				return SK_PASS;
 			}
+		}
+		/* A reader given the late verdict while this run looked at its
+		 * queue (the timer's callback may run inside it): the valve
+		 * takes the send, not TCP for good. Its direction must not move
+		 * while its reader has the verdict: TCP's segments would pass
+		 * it a message each, past any window (late_quota). */
+		if (reason == SL_C_FALLBACK_BACKLOG && late_on() && c->late_joined[(dir ^ 1) & 1]) {
+			st->valve = 1;
+			count(SL_C_VALVE_OPENS, 1);
+			reason = 0;
 		}
 		/* One-way switch to TCP: never a miss returned as SK_DROP. */
 		if (reason) {

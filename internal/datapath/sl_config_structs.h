@@ -65,9 +65,10 @@ struct sl_config {
 	/* SL_MODE_ON (with the valve): every connection joins
 	 * sl_sockmap_plain (reads on the kernel's plain receive path), and a
 	 * reader gets the valve's verdict (sl_sockmap_late) from the kernel
-	 * when its writer first finds SL_LATE_ASK_BYTES queued for it
-	 * (late_ask, late_join); until then, and where it cannot be given,
-	 * its direction runs under the backlog rule. Otherwise every connection
+	 * when its writer first finds it behind by SL_LATE_ASK_BYTES or half
+	 * its budget of messages, or its owner's quota of messages refuses a
+	 * send (late_ask, late_join); until then, and where it cannot be
+	 * given, its direction runs under the backlog rule. Otherwise every connection
 	 * joins the valve's map, sl_sockmap. */
 	enum sl_mode late_verdict;
 	/* What one owner (the cgroup of a socket, or of the process making

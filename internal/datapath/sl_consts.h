@@ -14,6 +14,18 @@ enum sl_late {
 	SL_LATE_BATCH = 64,
 	SL_LATE_ASK_BYTES = 64 << 10,
 };
+/* sl_conn.late_asked, per member role (--reader-verdict late). A reader
+ * is asked for once; while its join is pending, a writer past its
+ * owner's quota of messages redirects without a window (the join comes
+ * within microseconds, and the valve then holds the quota), where a
+ * refused one moves to TCP as without the late verdict. */
+enum sl_late_ask {
+	SL_ASK_NONE = 0,
+	SL_ASK_PENDING,  /* queued for late_join, or joined (late_joined) */
+	SL_ASK_REFUSED,  /* could not be queued or joined (a reader that
+			  * half-closed: the kernel adds only ESTABLISHED and
+			  * LISTEN sockets to a socket map) */
+};
 
 #define AF_INET 2
 #define AF_INET6 10

@@ -24,16 +24,19 @@
 #define SL_EBUSY 16
 
 /* Queues st's peer (peer_role) for the valve's verdict, once. Called by
- * the writer's sl_msg when it read SL_LATE_ASK_BYTES or more queued for
- * its reader (peer_backlogged). */
-static __always_inline void late_ask(struct sl_sock *st, __u32 peer_role)
+ * the writer's sl_msg when it finds its reader behind by
+ * SL_LATE_ASK_BYTES or half its budget of messages (backlog_read), or its
+ * owner's quota of messages refusing a send (late_quota). A subprogram:
+ * inlined at both, it added 4k instructions to sl_msg's verification. */
+static __noinline void late_ask(struct sl_sock *st, __u32 peer_role)
 {
 	struct sl_conn *c = conn_of(st->slot);
 	if (!c || word_gen(c->word) != st->gen || c->late_asked[peer_role & 1])
 		return;
-	c->late_asked[peer_role & 1] = 1;
+	c->late_asked[peer_role & 1] = SL_ASK_PENDING;
 	__u64 v = (__u64)st->gen << 32 | sock_id(st->slot, peer_role);
 	if (bpf_map_push_elem(&sl_late_queue, &v, 0)) {
+		c->late_asked[peer_role & 1] = SL_ASK_REFUSED;
 		count(SL_C_ERR_LATE_VERDICT, 1);
 		return;
 	}
@@ -81,7 +84,29 @@ static __always_inline int late_join_one(__u32 id, __u32 gen)
 		st->late = 1;
 		c->late_joined[role] = 1;
 	}
+	if (err)
+		c->late_asked[role] = SL_ASK_REFUSED;
 	return err;
+}
+
+/* For a writer st past its owner's quota of messages, whose reader
+ * (peer_role) was not in the valve's map when its send was looked at:
+ * asks for the reader's late verdict, and returns whether the writer may
+ * still redirect the send (without a window): the join is pending, or
+ * done already (the timer's callback may run as soon as late_ask starts
+ * it, before this returns; the valve then takes the next send). Never
+ * where it was refused: the direction then moves to TCP, its reader in
+ * the plain map, where TCP's window bounds what it holds. A reader in
+ * the valve's map must not see its direction move to TCP: TCP's 1-byte
+ * segments would pass its verdict one message each, past any window. A
+ * subprogram, as late_ask: sl_msg's states stay as they are. */
+static __noinline int late_quota(struct sl_sock *st, __u32 peer_role)
+{
+	if (!st)
+		return 0;
+	late_ask(st, peer_role);
+	struct sl_conn *c = conn_of(st->slot);
+	return c && word_gen(c->word) == st->gen && c->late_asked[peer_role & 1] == SL_ASK_PENDING;
 }
 
 #endif /* SL_LATE_H */

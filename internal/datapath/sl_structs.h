@@ -89,8 +89,8 @@ struct sl_conn {
 	__u8 path[2];             /* enum sl_path per direction */
 	__u8 reason[2];           /* enum sl_counter of the fallback, per direction */
 	__u8 signals[2];          /* enum sl_signals per member role (per-process mode) */
-	__u8 late_asked[2];       /* per member role: its writer queued it for the valve's
-				   * verdict (--reader-verdict late; late_ask) */
+	__u8 late_asked[2];       /* per member role: enum sl_late_ask, its writer's ask
+				   * for the valve's verdict (--reader-verdict late; late_ask) */
 	__u8 late_joined[2];      /* per member role: it joined sl_sockmap_late (late_join) */
 	__u8 pad;
 	__u32 msgs_charged[2];    /* messages charged to owner, per direction (msgs_quota) */

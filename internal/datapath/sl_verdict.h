@@ -261,31 +261,39 @@ static __always_inline __u32 window_avail(__u32 mroom, __u32 budget)
  * used up where that was more (at most SL_ROOM_CHECK_BYTES: the queue
  * can only have shrunk since), or when the messages counted reach the
  * budget. *mroom: the messages the peer may still take after this send. */
-static __noinline int backlog_read(struct sl_sock *st, __u32 peer_role, __u64 offset, __u32 *mroom);
+static __noinline int backlog_read(struct sl_sock *st, const struct sl_conn *c, __u32 peer_role, __u64 offset, __u32 *mroom);
 
-static __always_inline int peer_backlogged(struct sl_sock *st, __u32 peer_role, __u32 sent, __u64 offset, __u32 *mroom)
+static __always_inline int peer_backlogged(struct sl_sock *st, const struct sl_conn *c, __u32 peer_role, __u32 sent, __u64 offset,
+					   __u32 *mroom)
 {
 	if (!sl_settings.backlog_limit || !psock_counts_bytes())
 		return 0;
 	/* Under the limit when last read: read again once
 	 * SL_BACKLOG_CHECK_BYTES more were sent, or the messages counted
-	 * since (at most) leave no room for this one. */
+	 * since (at most) leave no room for this one, or reach half the
+	 * budget where the reader may still be asked for the late verdict
+	 * (backlog_read asks there). */
 	__u32 held = msgs_counted(st), budget = msg_budget();
-	if (!st->over_since && st->check_left > sent && held < budget - 1) {
+	__u32 read_at = late_on() && !c->late_asked[peer_role & 1] ? budget / 2 : budget - 1;
+	if (!st->over_since && st->check_left > sent && held < read_at) {
 		st->check_left -= sent;
 		*mroom = budget - 1 - held;
 		return 0;
 	}
-	return backlog_read(st, peer_role, offset, mroom);
+	return backlog_read(st, c, peer_role, offset, mroom);
 }
 
 /* peer_backlogged's read of the peer's queue. A subprogram: its branches
  * (the late verdict's ask, the limit, the grace) stay out of sl_msg's
  * states, which the valve's room doubles where readers get its verdict
- * late. */
-static __noinline int backlog_read(struct sl_sock *st, __u32 peer_role, __u64 offset, __u32 *mroom)
+ * late. Until the reader is asked for the late verdict, it is read at
+ * least every SL_BACKLOG_CHECK_BYTES, and asked once it holds
+ * SL_LATE_ASK_BYTES or half its budget of messages: the join then comes
+ * long before the limit, the budget or their grace would move the
+ * direction to TCP. */
+static __noinline int backlog_read(struct sl_sock *st, const struct sl_conn *c, __u32 peer_role, __u64 offset, __u32 *mroom)
 {
-	if (!st || !mroom)
+	if (!st || !c || !mroom)
 		return 0;
 	__u32 budget = msg_budget();
 	st->check_left = SL_BACKLOG_CHECK_BYTES;
@@ -293,18 +301,18 @@ static __noinline int backlog_read(struct sl_sock *st, __u32 peer_role, __u64 of
 	if (!peer)
 		return 0;
 	__u64 queued = queued_bytes(peer);
-	if (late_on() && queued >= SL_LATE_ASK_BYTES)
+	__u32 held = msgs_held(st, offset, queued);
+	if (late_on() && (queued >= SL_LATE_ASK_BYTES || held >= budget / 2))
 		late_ask(st, peer_role);
 	__u64 limit = sl_settings.backlog_limit;
 	int rcvbuf = peer->sk_rcvbuf;
 	if (rcvbuf > 0 && (__u64)rcvbuf > limit)
 		limit = rcvbuf;
-	__u32 held = msgs_held(st, offset, queued);
 	*mroom = held < budget ? budget - 1 - held : 0;
 	if (queued <= limit && held < budget) {
 		__u64 room = limit - queued;
 		st->over_since = 0;
-		if (room > SL_BACKLOG_CHECK_BYTES)
+		if (room > SL_BACKLOG_CHECK_BYTES && (!late_on() || c->late_asked[peer_role & 1]))
 			st->check_left = room < SL_ROOM_CHECK_BYTES ? room : SL_ROOM_CHECK_BYTES;
 		return 0;
 	}

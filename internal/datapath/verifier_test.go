@@ -1,6 +1,9 @@
 package datapath
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -10,14 +13,45 @@ import (
 // verifierBudget bounds the instructions the verifier may process per
 // program: the kernel's limit is 1M, and a program near it verifies in
 // seconds (tens of seconds under emulation) at every socklane start.
-const verifierBudget = 100_000
+// sl_msg is the largest: 78k on 6.18 by default, 99k with
+// --reader-verdict late (its ask on messages and at the owner's quota).
+const verifierBudget = 120_000
 
 // TestVerifierBudget: every program the datapath loads verifies within
 // verifierBudget instructions on this kernel (a loop carrying an index
 // across its iterations took the LB's connect and sendmsg programs to
-// ~450k each).
+// ~450k each), with readers given the valve's verdict at their join (the
+// default) and late (--reader-verdict late, whose ask and pending join
+// add to sl_msg's states).
 func TestVerifierBudget(t *testing.T) {
-	dp := testDatapath(t)
+	for _, tc := range []struct {
+		name string
+		late Mode
+	}{
+		{"reader-verdict join", ModeOff},
+		{"reader-verdict late", ModeOn},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sltest-vb-%d-%d", os.Getpid(), tc.late))
+			s := Settings{Bypass: ModeOn, VerdictWindow: DefaultVerdictWindow, LateVerdict: tc.late}
+			if tc.late.On() {
+				f, err := ProbeFeatures()
+				if err != nil {
+					t.Fatalf("probing the kernel: %v", err)
+				}
+				if !f.ValveFit() {
+					t.Skip("this kernel cannot run the valve, which the late verdict gives")
+				}
+				s.BacklogValve = ModeOn
+			}
+			verifyWithinBudget(t, testDatapathWith(t, Config{PinDir: pin, Settings: s}))
+		})
+	}
+}
+
+// verifyWithinBudget checks every program of dp against verifierBudget.
+func verifyWithinBudget(t *testing.T, dp *Datapath) {
+	t.Helper()
 	progs := 0
 	for _, objs := range []any{&dp.objs.bypassPrograms, &dp.lb.servicelbPrograms, &dp.pt.portsPrograms} {
 		v := reflect.ValueOf(objs).Elem()

@@ -50,24 +50,30 @@ func TestMessageBudget(t *testing.T) {
 	}
 	for i, tc := range []struct {
 		name, mode string
-		large      int // a write of this size after the first
+		large      int  // a write of this size after the first
+		late       bool // --reader-verdict late: asked for at half the budget
 	}{
-		{"valve", "valve", 0},
-		{"valve, after a 64 KiB write", "valve", 64 << 10},
-		{"tcp", "tcp", 0},
-		{"tcp, after a 64 KiB write", "tcp", 64 << 10},
+		{"valve", "valve", 0, false},
+		{"valve, after a 64 KiB write", "valve", 64 << 10, false},
+		{"valve, late verdict", "valve", 0, true},
+		{"valve, late verdict, after a 64 KiB write", "valve", 64 << 10, true},
+		{"tcp", "tcp", 0, false},
+		{"tcp, after a 64 KiB write", "tcp", 64 << 10, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The kernel matrix runs -test.short: the rows after a large
 			// write take every rule the others do (emulated, a row is a
 			// minute and more).
+			if testing.Short() && tc.late {
+				t.Skip("-test.short (the kernel matrix): --reader-verdict late is opt-in; kerneltest's TestReaderVerdictLate proves its join on each kernel")
+			}
 			if testing.Short() && tc.large == 0 {
 				t.Skip("-test.short: the row after a 64 KiB write covers the budget and the window")
 			}
 			if tc.mode == "valve" && !valveKernel(t) {
 				t.Skip("this kernel cannot run the valve (TestSlowReaderValve checks it is refused)")
 			}
-			_, in, srv, cli := serverClient(t, "--slow-readers", tc.mode, "--backlog-limit", fmt.Sprint(limit))
+			_, in, srv, cli := serverClient(t, "--slow-readers", tc.mode, "--backlog-limit", fmt.Sprint(limit), "--reader-verdict", lateWord(tc.late))
 			if !readStatus(t, in).Kernel.PsockMsgTotLen {
 				t.Skip("this kernel's sk_psock does not count queued bytes: the bypass is off by default, and no rule sees a reader's queue")
 			}
@@ -104,6 +110,10 @@ func TestMessageBudget(t *testing.T) {
 				mustEqual(t, d, "valve_opens", 1)
 				mustAtLeast(t, d, "valve_bytes", 1)
 				mustEqual(t, d, "valve_cwnd_clamps", 1)
+				mustEqual(t, d, "fallback_backlog", 0)
+			}
+			if tc.late {
+				mustEqual(t, d, "late_verdicts", 1)
 			}
 			// stream fails unless the sink counted every byte sent.
 			if err := st.wait(t, time.Minute); err != nil {
@@ -188,12 +198,20 @@ func TestMessageQuota(t *testing.T) {
 		// the quota the writers pin 72 MiB.
 		slack = 24 << 20
 	)
-	for i, mode := range []string{"valve", "tcp"} {
-		t.Run(mode, func(t *testing.T) {
+	for i, tc := range []struct {
+		name, mode string
+		late       bool // --reader-verdict late: asked for at the quota
+	}{
+		{"valve", "valve", false},
+		{"valve, late verdict", "valve", true},
+		{"tcp", "tcp", false},
+	} {
+		mode := tc.mode
+		t.Run(tc.name, func(t *testing.T) {
 			if mode == "valve" && !valveKernel(t) {
 				t.Skip("this kernel cannot run the valve (TestSlowReaderValve checks it is refused)")
 			}
-			b, in, srv, cli := serverClient(t, "--slow-readers", mode, "--owner-messages", fmt.Sprint(quota))
+			b, in, srv, cli := serverClient(t, "--slow-readers", mode, "--owner-messages", fmt.Sprint(quota), "--reader-verdict", lateWord(tc.late))
 			if !readStatus(t, in).Kernel.PsockMsgTotLen {
 				t.Skip("this kernel's sk_psock does not count queued bytes: the bypass is off by default, and no rule sees a reader's queue")
 			}
@@ -238,6 +256,10 @@ func TestMessageQuota(t *testing.T) {
 			} else {
 				mustAtLeast(t, d, "valve_opens", 1)
 				mustEqual(t, d, "fallback_backlog", 0)
+			}
+			if tc.late {
+				mustAtLeast(t, d, "late_verdicts", 1)
+				mustEqual(t, d, "err_late_verdict", 0)
 			}
 			o := ownerOf(t, in, cli)
 			if o == nil || o.RefusedMsgs == 0 || o.Msgs > quota {
