@@ -289,8 +289,10 @@ static __always_inline int peer_backlogged(struct sl_sock *st, const struct sl_c
  * late. Until the reader is asked for the late verdict, it is read at
  * least every SL_BACKLOG_CHECK_BYTES, and asked once it holds
  * SL_LATE_ASK_BYTES or half its budget of messages: the join then comes
- * long before the limit, the budget or their grace would move the
- * direction to TCP. */
+ * before the limit, the budget or their grace would move the direction
+ * to TCP, within microseconds, or a time slice where the writer keeps
+ * the timer's CPU busy (docs/ARCHITECTURE.md, Why the late verdict is
+ * not the default yet). */
 static __noinline int backlog_read(struct sl_sock *st, const struct sl_conn *c, __u32 peer_role, __u64 offset, __u32 *mroom)
 {
 	if (!st || !c || !mroom)
