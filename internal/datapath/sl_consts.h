@@ -17,8 +17,10 @@ enum sl_late {
 /* sl_conn.late_asked, per member role (--reader-verdict late). A reader
  * is asked for once; while its join is pending, a writer past its
  * owner's quota of messages redirects without a window (the join comes
- * within microseconds, and the valve then holds the quota), where a
- * refused one moves to TCP as without the late verdict. */
+ * within microseconds, or a time slice where the writer keeps the
+ * timer's CPU busy; the reader's own budget of messages still bounds
+ * it, and the valve then holds the quota), where a refused one moves to
+ * TCP as without the late verdict. */
 enum sl_late_ask {
 	SL_ASK_NONE = 0,
 	SL_ASK_PENDING,  /* queued for late_join, or joined (late_joined) */
